@@ -1,0 +1,219 @@
+// Package cli is idemgate's command line (SPEC.md §7), built with cobra: serve (the default),
+// migrate, apikey create/revoke, operator create, reap. It reads configuration from the
+// environment (config.go) and wires models, services and web together.
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+)
+
+// Env is the process environment the commands run in, injected so tests can run them in
+// process (Mat Ryer's run(ctx, args, getenv, …) pattern).
+type Env struct {
+	Getenv func(string) string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Execute runs the command line args (without the program name) and returns its error, which
+// it has already printed.
+func Execute(ctx context.Context, args []string, env Env) error {
+	root := newRoot(env)
+	root.SetArgs(args)
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	return root.ExecuteContext(ctx)
+}
+
+func newRoot(env Env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "idemgate",
+		Short: "Idempotency-key admission service with a reconciliation dashboard",
+		Long: "idemgate admits each business operation once: services acquire an idempotency key with a TTL,\n" +
+			"record the confirmed outcome or release the key, and operators reconcile uncertain operations.\n" +
+			"With no command, idemgate serves. Configuration comes from the environment (see README.md).",
+		SilenceUsage: true,
+		RunE:         func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) },
+	}
+	root.AddCommand(
+		&cobra.Command{Use: "serve", Short: "Serve the JSON API and dashboard (default)", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) }},
+		&cobra.Command{Use: "migrate", Short: "Apply pending database migrations and exit", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return migrate(cmd.Context(), env) }},
+		&cobra.Command{Use: "reap", Short: "Run one reaper pass: expire holds, purge old evidence", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return reap(cmd.Context(), env) }},
+		apikeyCmd(env),
+		operatorCmd(env),
+	)
+	return root
+}
+
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
+	format := cfg.LogFormat
+	if format == "" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			format = "text"
+		}
+	}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, nil))
+	}
+	return slog.New(slog.NewJSONHandler(w, nil))
+}
+
+// open loads the configuration, opens the database and migrates it.
+func open(ctx context.Context, env Env) (Config, *slog.Logger, *models.DB, error) {
+	cfg, err := LoadConfig(env.Getenv)
+	if err != nil {
+		return cfg, nil, nil, fmt.Errorf("configuration: %w", err)
+	}
+	log := newLogger(cfg, env.Stderr)
+	db, err := models.Open(ctx, models.OpenOptions{DatabaseURL: cfg.DatabaseURL, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns})
+	if err != nil {
+		return cfg, log, nil, err
+	}
+	if _, err := models.Migrate(ctx, db, log); err != nil {
+		_ = db.Close()
+		return cfg, log, nil, err
+	}
+	return cfg, log, db, nil
+}
+
+func migrate(ctx context.Context, env Env) error {
+	_, log, db, err := open(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	log.Info("database is up to date", "dialect", db.Dialect)
+	return nil
+}
+
+func reap(ctx context.Context, env Env) error {
+	cfg, log, db, err := open(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := services.NewReaper(db, log, cfg.Retention).RunOnce(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "holds_expired=%d marked_uncertain=%d operations_purged=%d sessions_purged=%d\n",
+		res.HoldsExpired, res.MarkedUncertain, res.OperationsPurged, res.SessionsPurged)
+	return nil
+}
+
+func apikeyCmd(env Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "apikey", Short: "Create or revoke API keys"}
+	var tenant, label string
+	create := &cobra.Command{
+		Use:   "create --tenant NAME [--label L]",
+		Short: "Create an API key (and the tenant if new); prints only the secret on stdout",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			_, log, db, err := open(c.Context(), env)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			secret, err := services.NewAuth(db, log).CreateAPIKey(c.Context(), tenant, label, "")
+			if err != nil {
+				return describe(err)
+			}
+			fmt.Fprintln(env.Stdout, secret)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&tenant, "tenant", "", "tenant name (required; 1-64 of A-Z a-z 0-9 . _ : -)")
+	create.Flags().StringVar(&label, "label", "", "free-text label shown to operators")
+	_ = create.MarkFlagRequired("tenant")
+	revoke := &cobra.Command{
+		Use:   "revoke PREFIX_OR_SECRET",
+		Short: "Revoke an API key by its display prefix or its secret (stops working within 1 s everywhere)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			_, log, db, err := open(c.Context(), env)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			n, err := services.NewAuth(db, log).RevokeAPIKey(c.Context(), args[0])
+			if errors.Is(err, services.ErrNotFound) {
+				return errors.New("no unrevoked API key has that prefix or secret")
+			} else if err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "revoked %d API key(s)\n", n)
+			return nil
+		},
+	}
+	cmd.AddCommand(create, revoke)
+	return cmd
+}
+
+func operatorCmd(env Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "operator", Short: "Manage dashboard accounts"}
+	var username, role, tenant string
+	create := &cobra.Command{
+		Use:   "create --username U --role admin|operator|auditor [--tenant T]",
+		Short: "Create a dashboard account; password from IDEMGATE_PASSWORD or the first line of stdin",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			password := env.Getenv("IDEMGATE_PASSWORD")
+			if password == "" {
+				line, err := bufio.NewReader(env.Stdin).ReadString('\n')
+				if err != nil && line == "" {
+					return errors.New("no password: set IDEMGATE_PASSWORD or write it on stdin")
+				}
+				password = strings.TrimRight(line, "\r\n")
+			}
+			_, log, db, err := open(c.Context(), env)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			acct, err := services.NewAuth(db, log).CreateOperator(c.Context(), username, password, role, tenant)
+			if err != nil {
+				return describe(err)
+			}
+			fmt.Fprintf(env.Stdout, "created %s %q\n", acct.Role, acct.Username)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&username, "username", "", "login name (required)")
+	create.Flags().StringVar(&role, "role", "", "admin, operator or auditor (required)")
+	create.Flags().StringVar(&tenant, "tenant", "", "restrict the account to this tenant (default: global)")
+	_ = create.MarkFlagRequired("username")
+	_ = create.MarkFlagRequired("role")
+	cmd.AddCommand(create)
+	return cmd
+}
+
+// describe turns a validation error into one readable line per field.
+func describe(err error) error {
+	var de *services.Error
+	if errors.As(err, &de) && len(de.Fields) > 0 {
+		parts := make([]string, 0, len(de.Fields))
+		for _, f := range de.Fields {
+			parts = append(parts, f.Field+" "+f.Message)
+		}
+		return errors.New(strings.Join(parts, "; "))
+	}
+	return err
+}

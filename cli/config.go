@@ -1,0 +1,114 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemgate/idemgate/services"
+)
+
+// Config is idemgate's configuration, read from the environment (SPEC.md §7). Durations accept
+// Go syntax ("90s", "36h"), a day suffix ("30d") or a bare number of seconds.
+type Config struct {
+	Addr            string        // IDEMGATE_ADDR, default 127.0.0.1:8080
+	DatabaseURL     string        // DATABASE_URL; PostgreSQL when set, else SQLite
+	SQLitePath      string        // IDEMGATE_SQLITE_PATH, default ./idemgate.db
+	DBMaxConns      int           // IDEMGATE_DB_MAX_CONNS, PostgreSQL pool size, default 16
+	MaxTTL          time.Duration // IDEMGATE_MAX_TTL, largest ttl_seconds, default 30d
+	Retention       time.Duration // IDEMGATE_RETENTION, evidence kept after an operation ends, default 90d
+	ReapInterval    time.Duration // IDEMGATE_REAP_INTERVAL, time between reaper passes, default 30s
+	AdminPassword   string        // IDEMGATE_ADMIN_PASSWORD, bootstrap admin password (else generated)
+	BootstrapAPIKey string        // IDEMGATE_BOOTSTRAP_API_KEY, bootstrap API key (else generated)
+	SecureCookies   bool          // IDEMGATE_SECURE_COOKIES, mark dashboard cookies Secure (behind TLS), default false
+	LogFormat       string        // IDEMGATE_LOG_FORMAT, "json" or "text"; default text on a terminal, else json
+	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
+}
+
+// LoadConfig reads Config through getenv and validates it; every problem is reported at once.
+func LoadConfig(getenv func(string) string) (Config, error) {
+	c := Config{
+		Addr:            or(getenv("IDEMGATE_ADDR"), "127.0.0.1:8080"),
+		DatabaseURL:     getenv("DATABASE_URL"),
+		SQLitePath:      or(getenv("IDEMGATE_SQLITE_PATH"), "./idemgate.db"),
+		AdminPassword:   getenv("IDEMGATE_ADMIN_PASSWORD"),
+		BootstrapAPIKey: getenv("IDEMGATE_BOOTSTRAP_API_KEY"),
+		LogFormat:       getenv("IDEMGATE_LOG_FORMAT"),
+	}
+	var errs []error
+	dur := func(name string, def time.Duration, dst *time.Duration) {
+		*dst = def
+		if v := getenv(name); v != "" {
+			d, err := parseDuration(v)
+			if err != nil || d <= 0 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a positive duration such as 30s, 12h or 30d", name, v))
+				return
+			}
+			*dst = d
+		}
+	}
+	dur("IDEMGATE_MAX_TTL", services.DefaultMaxTTL, &c.MaxTTL)
+	dur("IDEMGATE_RETENTION", services.DefaultRetention, &c.Retention)
+	dur("IDEMGATE_REAP_INTERVAL", 30*time.Second, &c.ReapInterval)
+	dur("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second, &c.ShutdownTimeout)
+	if c.MaxTTL < time.Second {
+		errs = append(errs, errors.New("IDEMGATE_MAX_TTL must be at least 1s"))
+	}
+	c.DBMaxConns = 16
+	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			errs = append(errs, fmt.Errorf("IDEMGATE_DB_MAX_CONNS=%q: want an integer from 1 to 1000", v))
+		}
+		c.DBMaxConns = n
+	}
+	if v := getenv("IDEMGATE_SECURE_COOKIES"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("IDEMGATE_SECURE_COOKIES=%q: want true or false", v))
+		}
+		c.SecureCookies = b
+	}
+	switch c.LogFormat {
+	case "", "json", "text":
+	default:
+		errs = append(errs, fmt.Errorf("IDEMGATE_LOG_FORMAT=%q: want json or text", c.LogFormat))
+	}
+	if c.BootstrapAPIKey != "" {
+		if msg := services.ValidateAPIKeySecret(c.BootstrapAPIKey); msg != "" {
+			errs = append(errs, fmt.Errorf("IDEMGATE_BOOTSTRAP_API_KEY %s", msg))
+		}
+	}
+	if c.AdminPassword != "" && len(c.AdminPassword) < services.MinPasswordChars {
+		errs = append(errs, fmt.Errorf("IDEMGATE_ADMIN_PASSWORD must be at least %d characters", services.MinPasswordChars))
+	}
+	return c, errors.Join(errs...)
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// parseDuration accepts "30d", Go durations, and bare seconds.
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 || n > 100*365*24*3600 {
+			return 0, fmt.Errorf("seconds out of range: %q", s)
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseFloat(d, 64)
+		if err != nil || n < 0 || n > 100*365 {
+			return 0, fmt.Errorf("days out of range: %q", s)
+		}
+		return time.Duration(n * float64(24*time.Hour)), nil
+	}
+	return time.ParseDuration(s)
+}

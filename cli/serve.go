@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"os/signal"
+	"syscall"
+
+	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/web"
+)
+
+// serve runs the HTTP server and the reaper until SIGINT/SIGTERM, then shuts down gracefully:
+// stop accepting, finish in-flight requests (bounded by IDEMGATE_SHUTDOWN_TIMEOUT), close the
+// pool.
+func serve(ctx context.Context, env Env) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cfg, log, db, err := open(ctx, env)
+	if err != nil {
+		if log != nil {
+			log.Error("cannot start", "err", err)
+		}
+		return err
+	}
+	defer db.Close()
+	auth := services.NewAuth(db, log)
+	boot, err := auth.Bootstrap(ctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
+	if err != nil {
+		log.Error("cannot bootstrap", "err", err)
+		return err
+	}
+	// SPEC.md §7: each generated secret is printed once, here, and never again.
+	if boot.AdminPassword != "" {
+		log.Warn("created dashboard account 'admin'; this password is shown only once", "username", "admin", "password", boot.AdminPassword)
+	} else if boot.AdminCreated {
+		log.Info("created dashboard account 'admin' with IDEMGATE_ADMIN_PASSWORD")
+	}
+	if boot.APIKey != "" {
+		log.Warn("created API key for tenant 'default'; this secret is shown only once", "api_key", boot.APIKey)
+	} else if boot.APIKeyCreated {
+		log.Info("created API key for tenant 'default' from IDEMGATE_BOOTSTRAP_API_KEY")
+	}
+
+	sqlDB, err := db.SQL()
+	if err != nil {
+		return err
+	}
+	srv := web.New(web.Config{
+		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB,
+		Sessions: web.NewSessionStorage(db), SecureCookies: cfg.SecureCookies,
+	})
+	reaperCtx, stopReaper := context.WithCancel(context.Background())
+	defer stopReaper()
+	go services.NewReaper(db, log, cfg.Retention).Run(reaperCtx, cfg.ReapInterval)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Listen(cfg.Addr) }()
+	log.Info("idemgate listening", "addr", "http://"+cfg.Addr, "dialect", db.Dialect,
+		"dashboard", "http://"+cfg.Addr+"/login")
+	select {
+	case err := <-errc:
+		log.Error("server stopped", "err", err)
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout)
+	stopReaper()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+package models
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Dialect names the database behind a *gorm.DB.
+type Dialect string
+
+// The two supported dialects (SPEC.md §6).
+const (
+	Postgres Dialect = "postgres"
+	SQLite   Dialect = "sqlite"
+)
+
+//go:embed migrations
+var migrations embed.FS
+
+// OpenOptions says which database to open. DatabaseURL wins when set; otherwise SQLitePath is
+// used. MaxConns is the PostgreSQL pool size (default 16: fewer loses throughput under load,
+// see issue 2); SQLite ignores it.
+type OpenOptions struct {
+	DatabaseURL string
+	SQLitePath  string
+	MaxConns    int
+}
+
+// DB is an open database with its dialect.
+type DB struct {
+	*gorm.DB
+	Dialect Dialect
+}
+
+// Open opens PostgreSQL when opts.DatabaseURL is set, else the SQLite file at opts.SQLitePath
+// (created if missing). It does not migrate; call Migrate. It fails if the database cannot be
+// reached at all, so a typo in DATABASE_URL is reported at start.
+func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
+	cfg := &gorm.Config{
+		Logger:                 logger.Discard,
+		PrepareStmt:            true,
+		TranslateError:         true,
+		SkipDefaultTransaction: true,
+		NowFunc:                func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) },
+	}
+	var (
+		g       *gorm.DB
+		err     error
+		dialect Dialect
+	)
+	if opts.DatabaseURL != "" {
+		dialect = Postgres
+		g, err = gorm.Open(postgres.Open(opts.DatabaseURL), cfg)
+	} else {
+		dialect = SQLite
+		g, err = gorm.Open(sqlite.Open(sqliteDSN(opts.SQLitePath)), cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s database: %w", dialect, err)
+	}
+	sqlDB, err := g.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open %s database: %w", dialect, err)
+	}
+	if dialect == Postgres {
+		n := opts.MaxConns
+		if n <= 0 {
+			n = 16
+		}
+		sqlDB.SetMaxOpenConns(n)
+		sqlDB.SetMaxIdleConns(n) // database/sql keeps only 2 idle by default and would churn
+		sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	} else {
+		// One writer at a time is SQLite's rule; immediate transactions plus busy_timeout make
+		// writers queue instead of failing, and WAL keeps readers off the writer's path.
+		sqlDB.SetMaxOpenConns(8)
+		sqlDB.SetMaxIdleConns(8)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pingCtx); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("connect to %s database: %w", dialect, err)
+	}
+	return &DB{DB: g, Dialect: dialect}, nil
+}
+
+func sqliteDSN(path string) string {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Set("_txlock", "immediate")
+	return "file:" + path + "?" + q.Encode()
+}
+
+// Close closes the connection pool.
+func (d *DB) Close() error {
+	sqlDB, err := d.DB.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.Close()
+}
+
+// Now returns the database clock (SPEC.md §6: expiry is judged by the database, never by each
+// server's clock, so instances with skewed clocks agree). On SQLite the database lives in this
+// process, so its clock is the process clock. Times are UTC with microsecond precision, the
+// precision PostgreSQL stores.
+func (d *DB) Now(ctx context.Context, tx *gorm.DB) (time.Time, error) {
+	if d.Dialect != Postgres {
+		return time.Now().UTC().Truncate(time.Microsecond), nil
+	}
+	var now time.Time
+	if err := tx.WithContext(ctx).Raw("SELECT clock_timestamp()").Scan(&now).Error; err != nil {
+		return time.Time{}, err
+	}
+	return now.UTC(), nil
+}
+
+// Migrate applies every pending migration of d's dialect, under goose's session lock on
+// PostgreSQL so that several instances starting at once migrate exactly once. It returns the
+// number of migrations applied.
+func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
+	sqlDB, err := d.DB.DB()
+	if err != nil {
+		return 0, err
+	}
+	sub, err := fs.Sub(migrations, "migrations/"+string(d.Dialect))
+	if err != nil {
+		return 0, err
+	}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	gd := goose.DialectSQLite3
+	if d.Dialect == Postgres {
+		gd = goose.DialectPostgres
+		locker, err := lock.NewPostgresSessionLocker()
+		if err != nil {
+			return 0, err
+		}
+		opts = append(opts, goose.WithSessionLocker(locker))
+	}
+	p, err := goose.NewProvider(gd, sqlDB, sub, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("prepare migrations: %w", err)
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("apply migrations: %w", err)
+	}
+	for _, r := range res {
+		if log != nil {
+			log.Info("migration applied", "version", r.Source.Version, "path", r.Source.Path)
+		}
+	}
+	return len(res), nil
+}
+
+// SQL returns the underlying *sql.DB (for pool statistics and health checks).
+func (d *DB) SQL() (*sql.DB, error) { return d.DB.DB() }
+

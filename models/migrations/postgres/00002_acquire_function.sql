@@ -1,0 +1,137 @@
+-- +goose Up
+-- idemgate_acquire is the whole admission decision of SPEC.md §4 "POST /v1/acquire" in one
+-- round trip. It is a PL/pgSQL function rather than one data-modifying CTE because a CTE runs on
+-- a single snapshot: when two acquires race for a free key, the loser's INSERT … ON CONFLICT waits
+-- for the winner, but the loser's own SELECTs cannot see the winner's hold or operation, so it
+-- could not answer "duplicate" or "conflict" without a second round trip. Each statement in a
+-- PL/pgSQL function takes a fresh snapshot (READ COMMITTED), so after waiting it sees the winner.
+--
+-- Expiry is judged by clock_timestamp() of the database, never by a server's clock, and read
+-- after any lock wait, so a hold that expires while we wait is seen as expired.
+--
+-- result is 'admitted', 'duplicate' or 'conflict'; readmitted is true when an attempt_id retry
+-- got its own operation back. op_* describe the operation the caller is answered about (the new
+-- one when admitted, the holder otherwise); prev_* the key's previous operation, if any.
+-- +goose StatementBegin
+CREATE FUNCTION idemgate_acquire(
+  p_tenant_id bigint, p_key text, p_ttl_seconds integer, p_operation_name text,
+  p_fingerprint text, p_correlation_id text, p_metadata jsonb, p_attempt_id text,
+  p_caller text, p_operation_id uuid, p_owner_token_hash text)
+RETURNS TABLE (
+  result text, readmitted boolean, db_now timestamptz,
+  prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
+  op_id uuid, op_key text, op_operation_name text, op_fingerprint text, op_correlation_id text,
+  op_metadata jsonb, op_state text, op_state_reason text, op_fencing_token bigint,
+  op_acquired_at timestamptz, op_expires_at timestamptz, op_outcome_status text,
+  op_outcome_receipt text, op_outcome_response jsonb, op_outcome_note text, op_outcome_by text,
+  op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
+  op_duplicate_attempts bigint, op_conflict_attempts bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  v_now     timestamptz;
+  v_k       idem_keys%ROWTYPE;
+  v_h       operations%ROWTYPE;
+  v_prev    operations%ROWTYPE;
+  v_result  text;
+  v_readmit boolean := false;
+  v_op      uuid;
+BEGIN
+  v_now := clock_timestamp();
+  INSERT INTO idem_keys AS k (tenant_id, key, fencing_token, holder_operation_id, expires_at,
+                              last_operation_id, acquired_at)
+  VALUES (p_tenant_id, p_key, 1, p_operation_id, v_now + make_interval(secs => p_ttl_seconds),
+          p_operation_id, v_now)
+  ON CONFLICT (tenant_id, key) DO NOTHING;
+
+  IF FOUND THEN
+    INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id,
+                            attempt_id, metadata, state, fencing_token, owner_token_hash,
+                            acquired_at, expires_at)
+    VALUES (p_operation_id, p_tenant_id, p_key, p_operation_name, p_fingerprint, p_correlation_id,
+            p_attempt_id, p_metadata, 'in_progress', 1, p_owner_token_hash,
+            v_now, v_now + make_interval(secs => p_ttl_seconds));
+    v_result := 'admitted';
+    v_op := p_operation_id;
+  ELSE
+    LOOP
+      SELECT * INTO v_k FROM idem_keys k WHERE k.tenant_id = p_tenant_id AND k.key = p_key;
+      v_now := clock_timestamp();
+      IF v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now THEN
+        -- Held: no lock on the key row is needed to answer duplicate or conflict.
+        SELECT * INTO v_h FROM operations o WHERE o.id = v_k.holder_operation_id;
+        v_op := v_h.id;
+        IF v_h.operation_name IS NOT DISTINCT FROM p_operation_name
+           AND v_h.fingerprint IS NOT DISTINCT FROM p_fingerprint THEN
+          IF p_attempt_id IS NOT NULL AND v_h.attempt_id = p_attempt_id THEN
+            -- A retry of the call that created the hold: hand out a fresh owner token.
+            UPDATE operations o SET owner_token_hash = p_owner_token_hash WHERE o.id = v_h.id;
+            v_result := 'admitted';
+            v_readmit := true;
+          ELSE
+            v_result := 'duplicate';
+          END IF;
+        ELSE
+          v_result := 'conflict';
+        END IF;
+        EXIT;
+      END IF;
+
+      -- Free or expired: lock the key row and look again, since a concurrent acquire may have
+      -- taken it between our read and the lock.
+      SELECT * INTO v_k FROM idem_keys k WHERE k.id = v_k.id FOR UPDATE;
+      v_now := clock_timestamp();
+      CONTINUE WHEN v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now;
+
+      IF v_k.holder_operation_id IS NOT NULL THEN
+        -- SPEC.md §3: an expired in_progress hold becomes uncertain in the same transaction in
+        -- which another attempt takes the key over.
+        UPDATE operations o SET state = 'uncertain', state_reason = 'ttl_expired_without_outcome'
+         WHERE o.id = v_k.holder_operation_id AND o.state = 'in_progress';
+        IF FOUND THEN
+          INSERT INTO events (operation_id, tenant_id, kind, actor, detail, created_at)
+          VALUES (v_k.holder_operation_id, p_tenant_id, 'state_changed', 'system',
+                  'in_progress -> uncertain: ttl_expired_without_outcome', v_now);
+        END IF;
+      END IF;
+      SELECT * INTO v_prev FROM operations o WHERE o.id = v_k.last_operation_id;
+
+      UPDATE idem_keys k
+         SET fencing_token = v_k.fencing_token + 1, holder_operation_id = p_operation_id,
+             expires_at = v_now + make_interval(secs => p_ttl_seconds),
+             last_operation_id = p_operation_id, acquired_at = v_now
+       WHERE k.id = v_k.id;
+      INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id,
+                              attempt_id, metadata, state, fencing_token, owner_token_hash,
+                              acquired_at, expires_at)
+      VALUES (p_operation_id, p_tenant_id, p_key, p_operation_name, p_fingerprint,
+              p_correlation_id, p_attempt_id, p_metadata, 'in_progress', v_k.fencing_token + 1,
+              p_owner_token_hash, v_now, v_now + make_interval(secs => p_ttl_seconds));
+      v_result := 'admitted';
+      v_op := p_operation_id;
+      EXIT;
+    END LOOP;
+  END IF;
+
+  INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name,
+                        fingerprint, correlation_id, caller, attempted_at)
+  VALUES (p_tenant_id, p_key, v_op, v_result, p_attempt_id, p_operation_name, p_fingerprint,
+          p_correlation_id, p_caller, v_now);
+
+  -- A new operation has no duplicates yet; skip the counts on the hot path.
+  RETURN QUERY
+    SELECT v_result, v_readmit, v_now, v_prev.id, v_prev.state, v_prev.fencing_token,
+           v_prev.outcome_status, o.id, o.key, o.operation_name, o.fingerprint, o.correlation_id,
+           o.metadata, o.state, o.state_reason, o.fencing_token, o.acquired_at, o.expires_at,
+           o.outcome_status, o.outcome_receipt, o.outcome_response, o.outcome_note, o.outcome_by,
+           o.outcome_at, o.released_at, o.release_reason,
+           CASE WHEN v_op = p_operation_id THEN 0::bigint ELSE
+             (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id AND a.result = 'duplicate') END,
+           CASE WHEN v_op = p_operation_id THEN 0::bigint ELSE
+             (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id AND a.result = 'conflict') END
+      FROM operations o WHERE o.id = v_op;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+DROP FUNCTION idemgate_acquire;

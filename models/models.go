@@ -1,0 +1,163 @@
+package models
+
+import "time"
+
+// Operation states (SPEC.md §3).
+const (
+	StateInProgress = "in_progress"
+	StateSucceeded  = "succeeded"
+	StateFailed     = "failed"
+	StateUncertain  = "uncertain"
+	StateReleased   = "released"
+)
+
+// Attempt results (SPEC.md §2 "attempt").
+const (
+	ResultAdmitted  = "admitted"
+	ResultDuplicate = "duplicate"
+	ResultConflict  = "conflict"
+)
+
+// Operator roles (SPEC.md §5).
+const (
+	RoleAdmin    = "admin"
+	RoleOperator = "operator"
+	RoleAuditor  = "auditor"
+)
+
+// Tenant is a namespace for idempotency keys; every API key belongs to one.
+type Tenant struct {
+	ID        int64
+	Name      string
+	CreatedAt time.Time
+}
+
+// TableName pins the table name so GORM's pluralisation rules never matter.
+func (Tenant) TableName() string { return "tenants" }
+
+// APIKey authenticates a service and decides its tenant. SecretHash is the hex SHA-256 of the
+// secret; the secret itself is never stored. Prefix is the secret's first characters, shown to
+// operators so they can tell keys apart.
+type APIKey struct {
+	ID         int64
+	TenantID   int64
+	Prefix     string
+	SecretHash string
+	Label      string
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+	RevokedAt  *time.Time
+}
+
+// TableName pins the table name.
+func (APIKey) TableName() string { return "api_keys" }
+
+// Operator is a dashboard account. PasswordHash is a bcrypt hash. TenantID nil means a global
+// account; otherwise the account sees only that tenant (SPEC.md §5).
+type Operator struct {
+	ID           int64
+	Username     string
+	PasswordHash string
+	Role         string
+	TenantID     *int64
+	CreatedAt    time.Time
+}
+
+// TableName pins the table name.
+func (Operator) TableName() string { return "operators" }
+
+// Session is one dashboard session as stored by the fiber.Storage adapter in web/.
+type Session struct {
+	ID        string
+	Data      []byte
+	ExpiresAt *time.Time
+}
+
+// TableName pins the table name.
+func (Session) TableName() string { return "sessions" }
+
+// IdemKey is one (tenant, idempotency key) ever acquired. The hold is HolderOperationID plus
+// ExpiresAt: both are nil when the key is free, and they are cleared only by compare on
+// HolderOperationID (SPEC.md §6). The row outlives its holds so that FencingToken, the fencing
+// token of the newest operation, keeps increasing across generations.
+type IdemKey struct {
+	ID                int64
+	TenantID          int64
+	Key               string
+	FencingToken      int64
+	HolderOperationID *string
+	ExpiresAt         *time.Time
+	LastOperationID   string
+	AcquiredAt        time.Time
+}
+
+// TableName pins the table name ("keys" is a reserved word in several SQL dialects).
+func (IdemKey) TableName() string { return "idem_keys" }
+
+// Operation is one admitted attempt and its durable evidence (SPEC.md §2). ID is a UUID string.
+// Metadata and OutcomeResponse hold raw JSON text. OwnerTokenHash is the hex SHA-256 of the owner
+// token. EndedAt is set when the operation reaches a state in which retention may purge it
+// (succeeded, failed, released).
+type Operation struct {
+	ID              string
+	TenantID        int64
+	Key             string
+	OperationName   *string
+	Fingerprint     *string
+	CorrelationID   *string
+	AttemptID       *string
+	Metadata        *string
+	State           string
+	StateReason     *string
+	FencingToken    int64
+	OwnerTokenHash  string
+	AcquiredAt      time.Time
+	ExpiresAt       time.Time
+	OutcomeStatus   *string
+	OutcomeReceipt  *string
+	OutcomeResponse *string
+	OutcomeNote     *string
+	OutcomeBy       *string
+	OutcomeAt       *time.Time
+	ReleasedAt      *time.Time
+	ReleaseReason   *string
+	EndedAt         *time.Time
+}
+
+// TableName pins the table name.
+func (Operation) TableName() string { return "operations" }
+
+// Attempt is one call of acquire, whatever its result (SPEC.md §1.5). OperationID is the
+// operation the call was answered about: the new one when admitted, the holder otherwise.
+// Caller is the prefix of the API key that made the call.
+type Attempt struct {
+	ID            int64
+	TenantID      int64
+	Key           string
+	OperationID   *string
+	Result        string
+	AttemptID     *string
+	OperationName *string
+	Fingerprint   *string
+	CorrelationID *string
+	Caller        string
+	AttemptedAt   time.Time
+}
+
+// TableName pins the table name.
+func (Attempt) TableName() string { return "attempts" }
+
+// Event is one entry of an operation's event log: who (Actor: "system", "api" or an operator's
+// username) did what (Kind) and when.
+type Event struct {
+	ID          int64
+	OperationID string
+	TenantID    int64
+	Kind        string
+	Actor       string
+	Detail      string
+	CreatedAt   time.Time
+}
+
+// TableName pins the table name.
+func (Event) TableName() string { return "events" }

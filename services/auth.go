@@ -1,0 +1,339 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemgate/idemgate/models"
+	"golang.org/x/crypto/bcrypt"
+	"gorm.io/gorm"
+)
+
+// Auth authenticates API keys and operators and manages both.
+//
+// API-key lookups are cached in process memory for at most CacheTTL (1 s), so a revoked key
+// stops working on every instance within that bound (issue 2) without a database read per
+// request.
+type Auth struct {
+	db  *models.DB
+	log *slog.Logger
+
+	mu    sync.Mutex
+	cache map[string]cachedKey // by secret hash
+}
+
+type cachedKey struct {
+	p       Principal
+	fetched time.Time
+	touched time.Time // when last_used_at was last written by this process
+}
+
+// CacheTTL is the longest a positive API-key lookup is reused without asking the database.
+const CacheTTL = time.Second
+
+// maxCachedKeys bounds the cache; it is simply emptied when full (keys are few in practice).
+const maxCachedKeys = 10000
+
+// lastUsedEvery throttles writes of api_keys.last_used_at to one per key per process.
+const lastUsedEvery = time.Minute
+
+// MinPasswordChars is the shortest operator password accepted (SPEC.md §7).
+const MinPasswordChars = 12
+
+// NewAuth returns an Auth over db.
+func NewAuth(db *models.DB, log *slog.Logger) *Auth {
+	return &Auth{db: db, log: log, cache: map[string]cachedKey{}}
+}
+
+// Authenticate returns the principal of an unrevoked API key. Errors: ErrUnauthorized for an
+// unknown or revoked key, ErrStoreUnavailable.
+func (a *Auth) Authenticate(ctx context.Context, secret string) (Principal, error) {
+	if secret == "" || len(secret) > 256 {
+		return Principal{}, ErrUnauthorized
+	}
+	h := hashSecret(secret)
+	now := time.Now()
+	a.mu.Lock()
+	c, ok := a.cache[h]
+	a.mu.Unlock()
+	if ok && now.Sub(c.fetched) < CacheTTL {
+		return c.p, nil
+	}
+	var k models.APIKey
+	err := a.db.WithContext(ctx).Where("secret_hash = ? AND revoked_at IS NULL", h).Take(&k).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		a.mu.Lock()
+		delete(a.cache, h)
+		a.mu.Unlock()
+		return Principal{}, ErrUnauthorized
+	} else if err != nil {
+		return Principal{}, storeError("authenticate", err)
+	}
+	p := Principal{TenantID: k.TenantID, APIKeyID: k.ID, Prefix: k.Prefix}
+	touch := !ok || now.Sub(c.touched) >= lastUsedEvery
+	entry := cachedKey{p: p, fetched: now, touched: c.touched}
+	if touch {
+		entry.touched = now
+	}
+	a.mu.Lock()
+	if len(a.cache) >= maxCachedKeys {
+		a.cache = map[string]cachedKey{}
+	}
+	a.cache[h] = entry
+	a.mu.Unlock()
+	if touch {
+		// Bookkeeping only: it must not slow or fail the request it rides on.
+		go func(id int64) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := a.db.WithContext(ctx).Model(&models.APIKey{}).Where("id = ?", id).
+				Update("last_used_at", time.Now().UTC()).Error; err != nil {
+				a.log.Debug("could not record API key use", "err", err)
+			}
+		}(k.ID)
+	}
+	return p, nil
+}
+
+var apiKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{24,128}$`)
+
+// ValidateAPIKeySecret checks a caller-supplied API key (IDEMGATE_BOOTSTRAP_API_KEY): 24–128
+// characters of [A-Za-z0-9_-] (SPEC.md §7). It returns "" when valid.
+func ValidateAPIKeySecret(s string) string {
+	if !apiKeyPattern.MatchString(s) {
+		return "must be 24 to 128 characters of A-Z, a-z, 0-9, '_' and '-'"
+	}
+	return ""
+}
+
+// ValidateTenantName checks a tenant name: 1–64 characters of [A-Za-z0-9._:-].
+func ValidateTenantName(s string) string { return ValidateOperationName(s) }
+
+// CreateAPIKey creates an API key for tenant (created if new) and returns its secret, the only
+// copy. secret may be "" to generate one (256 random bits); a supplied one must pass
+// ValidateAPIKeySecret. Errors: ErrInvalidRequest, ErrStoreUnavailable.
+func (a *Auth) CreateAPIKey(ctx context.Context, tenant, label, secret string) (string, error) {
+	if msg := ValidateTenantName(tenant); msg != "" {
+		return "", invalid(FieldError{Field: "tenant", Message: msg})
+	}
+	if msg := validateText(label, 200, true); msg != "" {
+		return "", invalid(FieldError{Field: "label", Message: msg})
+	}
+	if secret == "" {
+		secret = newSecret(apiKeyPrefix)
+	} else if msg := ValidateAPIKeySecret(secret); msg != "" {
+		return "", invalid(FieldError{Field: "api_key", Message: msg})
+	}
+	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		t, err := a.ensureTenant(tx, tenant)
+		if err != nil {
+			return err
+		}
+		return tx.Create(&models.APIKey{TenantID: t.ID, Prefix: secretPrefix(secret), SecretHash: hashSecret(secret),
+			Label: label, CreatedAt: time.Now().UTC()}).Error
+	})
+	if err != nil {
+		return "", storeError("create API key", err)
+	}
+	return secret, nil
+}
+
+// secretPrefix is the part of a secret shown to operators: enough to tell keys apart, far too
+// little to guess the rest.
+func secretPrefix(secret string) string {
+	if len(secret) > 12 {
+		return secret[:12]
+	}
+	return secret[:len(secret)/2]
+}
+
+func (a *Auth) ensureTenant(tx *gorm.DB, name string) (*models.Tenant, error) {
+	var t models.Tenant
+	err := tx.Where("name = ?", name).Take(&t).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		t = models.Tenant{Name: name, CreatedAt: time.Now().UTC()}
+		err = tx.Create(&t).Error
+	}
+	return &t, err
+}
+
+// RevokeAPIKey revokes every unrevoked API key whose secret or display prefix equals key and
+// returns how many were revoked. Errors: ErrNotFound if none matched, ErrStoreUnavailable.
+func (a *Auth) RevokeAPIKey(ctx context.Context, key string) (int64, error) {
+	key = strings.TrimSpace(key)
+	if key == "" {
+		return 0, ErrNotFound
+	}
+	res := a.db.WithContext(ctx).Model(&models.APIKey{}).
+		Where("revoked_at IS NULL AND (secret_hash = ? OR prefix = ?)", hashSecret(key), key).
+		Update("revoked_at", time.Now().UTC())
+	if res.Error != nil {
+		return 0, storeError("revoke API key", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return 0, ErrNotFound
+	}
+	return res.RowsAffected, nil
+}
+
+// OperatorAccount is an operator as the dashboard sees it. TenantID nil means global.
+type OperatorAccount struct {
+	ID       int64
+	Username string
+	Role     string
+	TenantID *int64
+}
+
+// CreateOperator creates a dashboard account (SPEC.md §7 "operator create"). role is admin,
+// operator or auditor; tenant "" makes a global account, otherwise the tenant must exist.
+// Errors: ErrInvalidRequest (bad username, role, short password, unknown tenant, taken
+// username), ErrStoreUnavailable.
+func (a *Auth) CreateOperator(ctx context.Context, username, password, role, tenant string) (*OperatorAccount, error) {
+	var fe []FieldError
+	if msg := ValidateOperationName(username); msg != "" {
+		fe = append(fe, FieldError{Field: "username", Message: msg})
+	}
+	switch role {
+	case models.RoleAdmin, models.RoleOperator, models.RoleAuditor:
+	default:
+		fe = append(fe, FieldError{Field: "role", Message: "must be admin, operator or auditor"})
+	}
+	if utf8.RuneCountInString(password) < MinPasswordChars || len(password) > 72 {
+		fe = append(fe, FieldError{Field: "password", Message: fmt.Sprintf("must be %d to 72 bytes", MinPasswordChars)})
+	}
+	if len(fe) > 0 {
+		return nil, invalid(fe...)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.DefaultCost)
+	if err != nil {
+		return nil, err
+	}
+	op := models.Operator{Username: username, PasswordHash: string(hash), Role: role, CreatedAt: time.Now().UTC()}
+	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if tenant != "" {
+			var t models.Tenant
+			if err := tx.Where("name = ?", tenant).Take(&t).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+				return invalid(FieldError{Field: "tenant", Message: "no such tenant"})
+			} else if err != nil {
+				return err
+			}
+			op.TenantID = &t.ID
+		}
+		err := tx.Create(&op).Error
+		if errors.Is(err, gorm.ErrDuplicatedKey) {
+			return invalid(FieldError{Field: "username", Message: "is taken"})
+		}
+		return err
+	})
+	if err != nil {
+		return nil, storeError("create operator", err)
+	}
+	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}, nil
+}
+
+// dummyHash is compared against when the username is unknown, so a login takes as long for
+// an unknown user as for a wrong password.
+var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("idemgate-timing-equaliser"), bcrypt.DefaultCost)
+
+// Login checks an operator's username and password. Errors: ErrUnauthorized (unknown user or
+// wrong password, indistinguishable), ErrStoreUnavailable.
+func (a *Auth) Login(ctx context.Context, username, password string) (*OperatorAccount, error) {
+	var op models.Operator
+	err := a.db.WithContext(ctx).Where("username = ?", username).Take(&op).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		_ = bcrypt.CompareHashAndPassword(dummyHash, []byte(password))
+		return nil, ErrUnauthorized
+	} else if err != nil {
+		return nil, storeError("login", err)
+	}
+	if bcrypt.CompareHashAndPassword([]byte(op.PasswordHash), []byte(password)) != nil {
+		return nil, ErrUnauthorized
+	}
+	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}, nil
+}
+
+// Operator returns the account with id. Errors: ErrNotFound, ErrStoreUnavailable.
+func (a *Auth) Operator(ctx context.Context, id int64) (*OperatorAccount, error) {
+	var op models.Operator
+	err := a.db.WithContext(ctx).Where("id = ?", id).Take(&op).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	} else if err != nil {
+		return nil, storeError("get operator", err)
+	}
+	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}, nil
+}
+
+// BootstrapResult reports the secrets Bootstrap generated. A field is "" when nothing was
+// generated (an account or key already existed, or the secret was supplied).
+type BootstrapResult struct {
+	AdminCreated  bool
+	AdminPassword string // generated admin password, shown once
+	APIKeyCreated bool
+	APIKey        string // generated default-tenant API key, shown once
+}
+
+// DefaultTenant is the tenant of the bootstrap API key (SPEC.md §7).
+const DefaultTenant = "default"
+
+// Bootstrap creates an "admin" operator if there is no operator yet and a "default"-tenant API
+// key if there is no API key yet (SPEC.md §7). adminPassword and apiKey are used when not empty,
+// otherwise secrets are generated and returned for printing once. Concurrent first starts of
+// several instances may each try; the unique username keeps one admin, and a second default
+// key is harmless. Errors: ErrInvalidRequest for a supplied secret that is too weak or malformed.
+func (a *Auth) Bootstrap(ctx context.Context, adminPassword, apiKey string) (*BootstrapResult, error) {
+	res := &BootstrapResult{}
+	db := a.db.WithContext(ctx)
+	var n int64
+	if err := db.Model(&models.Operator{}).Count(&n).Error; err != nil {
+		return nil, storeError("bootstrap", err)
+	}
+	if n == 0 {
+		pw := adminPassword
+		if pw == "" {
+			pw = newSecret("")[:24]
+			res.AdminPassword = pw
+		}
+		_, err := a.CreateOperator(ctx, "admin", pw, models.RoleAdmin, "")
+		if err != nil && !isTaken(err) {
+			return nil, fmt.Errorf("bootstrap admin (IDEMGATE_ADMIN_PASSWORD): %w", err)
+		}
+		res.AdminCreated = err == nil
+		if !res.AdminCreated {
+			res.AdminPassword = ""
+		}
+	}
+	if err := db.Model(&models.APIKey{}).Count(&n).Error; err != nil {
+		return nil, storeError("bootstrap", err)
+	}
+	if n == 0 {
+		secret, err := a.CreateAPIKey(ctx, DefaultTenant, "bootstrap", apiKey)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap API key (IDEMGATE_BOOTSTRAP_API_KEY): %w", err)
+		}
+		res.APIKeyCreated = true
+		if apiKey == "" {
+			res.APIKey = secret
+		}
+	}
+	return res, nil
+}
+
+func isTaken(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		for _, f := range e.Fields {
+			if f.Field == "username" && f.Message == "is taken" {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,140 @@
+package services
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Stable problem codes (SPEC.md §4, issue 2). web/ maps each to one HTTP status.
+const (
+	CodeInvalidRequest      = "invalid_request"
+	CodeUnauthorized        = "unauthorized"
+	CodeFingerprintMismatch = "fingerprint_mismatch"
+	CodeNotOwner            = "not_owner"
+	CodeEffectConfirmed     = "effect_confirmed"
+	CodeOutcomeUncertain    = "outcome_uncertain"
+	CodeKeyNotHeld          = "key_not_held"
+	CodeInvalidTransition   = "invalid_transition"
+	CodeNotFound            = "not_found"
+	CodePayloadTooLarge     = "payload_too_large"
+	CodeStoreUnavailable    = "store_unavailable"
+	CodeInternal            = "internal"
+)
+
+// FieldError names one invalid request field and says what is wrong with it, for the
+// problem+json `errors` array.
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+// Error is a domain error with a stable Code. Message is safe to show to the caller. Fields is
+// set for validation errors. errors.Is matches two *Error values by Code, so callers can test
+// `errors.Is(err, ErrNotOwner)` whatever the message.
+type Error struct {
+	Code    string
+	Message string
+	Fields  []FieldError
+	err     error // the cause, never shown to callers
+}
+
+func (e *Error) Error() string {
+	if e.err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.err)
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Is reports whether target is an *Error with the same Code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Unwrap returns the cause, if any.
+func (e *Error) Unwrap() error { return e.err }
+
+// Sentinels for errors.Is. Functions return fresh *Error values with specific messages.
+var (
+	ErrInvalidRequest      = &Error{Code: CodeInvalidRequest, Message: "The request is invalid."}
+	ErrUnauthorized        = &Error{Code: CodeUnauthorized, Message: "A valid API key is required."}
+	ErrFingerprintMismatch = &Error{Code: CodeFingerprintMismatch, Message: "The key is held by a request with a different fingerprint or operation name."}
+	ErrNotOwner            = &Error{Code: CodeNotOwner, Message: "The owner token does not own this operation's hold."}
+	ErrEffectConfirmed     = &Error{Code: CodeEffectConfirmed, Message: "The operation succeeded; its key cannot be released."}
+	ErrOutcomeUncertain    = &Error{Code: CodeOutcomeUncertain, Message: "The operation's outcome is uncertain; reconcile it before releasing."}
+	ErrKeyNotHeld          = &Error{Code: CodeKeyNotHeld, Message: "The key has no live hold."}
+	ErrInvalidTransition   = &Error{Code: CodeInvalidTransition, Message: "The operation cannot move to that state."}
+	ErrNotFound            = &Error{Code: CodeNotFound, Message: "Not found."}
+	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge, Message: "The payload is too large."}
+	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable, Message: "The database is unavailable; retry later."}
+)
+
+func newError(code, msg string) *Error { return &Error{Code: code, Message: msg} }
+
+func invalid(fields ...FieldError) *Error {
+	return &Error{Code: CodeInvalidRequest, Message: "The request has invalid fields.", Fields: fields}
+}
+
+// storeError classifies a database error: connection-level failures become
+// ErrStoreUnavailable (503 with Retry-After) so callers know a retry may succeed; anything else
+// is returned wrapped with op for the log, and web/ answers it as an internal error.
+func storeError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var de *Error
+	if errors.As(err, &de) {
+		return err
+	}
+	if IsUnavailable(err) {
+		return &Error{Code: CodeStoreUnavailable, Message: ErrStoreUnavailable.Message, err: fmt.Errorf("%s: %w", op, err)}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// IsUnavailable reports whether err means the database could not be reached or dropped the
+// connection (as opposed to refusing a statement), so the request may be retried later.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot
+		// connect now (server starting or stopping); 53300: too many connections.
+		if len(pe.Code) == 5 && pe.Code[:2] == "08" {
+			return true
+		}
+		switch pe.Code {
+		case "57P01", "57P02", "57P03", "53300":
+			return true
+		}
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// IsCode reports whether err is a domain error with code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

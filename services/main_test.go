@@ -1,0 +1,39 @@
+package services
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
+)
+
+var dbs *modeltest.Set
+
+func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
+
+// testBundle is what most tests need: services over one database and a fresh tenant.
+type testBundle struct {
+	db     *models.DB
+	adm    *Admission
+	reaper *Reaper
+	auth   *Auth
+	p      Principal
+}
+
+// eachDB runs fn as a subtest on PostgreSQL and on SQLite, each with a fresh tenant.
+func eachDB(t *testing.T, fn func(t *testing.T, b *testBundle)) {
+	t.Helper()
+	for _, db := range dbs.All() {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			b := &testBundle{
+				db: db, adm: NewAdmission(db, log, 0), reaper: NewReaper(db, log, 0), auth: NewAuth(db, log),
+				p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
+			}
+			fn(t, b)
+		})
+	}
+}

@@ -1,0 +1,180 @@
+package services
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// OutcomeInput records an operation's outcome (SPEC.md §4 "POST /v1/operations/{id}/outcome").
+// Status is succeeded, failed or uncertain. Response is any JSON value of at most 64 KiB,
+// stored for replay to duplicates. Release (only with failed) releases the hold in the same
+// transaction.
+type OutcomeInput struct {
+	OwnerToken string
+	Status     string
+	Receipt    *string
+	Response   json.RawMessage
+	Note       *string
+	Release    bool
+}
+
+// validate checks the fields after the owner token has been checked (SPEC.md §4: a wrong token
+// is 403 whatever else is wrong) and returns the compacted response.
+func (in *OutcomeInput) validate() (json.RawMessage, error) {
+	var fe []FieldError
+	add := func(field, msg string) {
+		if msg != "" {
+			fe = append(fe, FieldError{Field: field, Message: msg})
+		}
+	}
+	switch in.Status {
+	case models.StateSucceeded, models.StateFailed, models.StateUncertain:
+	case "":
+		add("status", "is required: succeeded, failed or uncertain")
+	default:
+		add("status", "must be succeeded, failed or uncertain")
+	}
+	if in.Release && in.Status != models.StateFailed {
+		add("release", "may be true only with status failed")
+	}
+	if in.Receipt != nil {
+		add("receipt", validateText(*in.Receipt, MaxReceiptChars, true))
+	}
+	if in.Note != nil {
+		add("note", validateText(*in.Note, MaxNoteChars, true))
+	}
+	var resp json.RawMessage
+	if in.Response != nil {
+		r, msg := validateJSON(in.Response, false)
+		if msg == "" && len(r) > MaxResponseBytes {
+			return nil, &Error{Code: CodePayloadTooLarge,
+				Message: fmt.Sprintf("The response must be at most %d bytes serialized; nothing was changed.", MaxResponseBytes)}
+		}
+		add("response", msg)
+		resp = r
+	}
+	if len(fe) > 0 {
+		return nil, invalid(fe...)
+	}
+	return resp, nil
+}
+
+// RecordOutcome records the outcome of operation id in p's tenant, checked by owner token, per
+// the state machine of SPEC.md §3. It works after the hold expired. Recording the same outcome
+// again (equal status, receipt and response) succeeds and changes nothing. Errors: ErrNotFound
+// (unknown id or another tenant's), ErrNotOwner (checked first), ErrInvalidRequest,
+// ErrPayloadTooLarge (response over 64 KiB; nothing changes), ErrInvalidTransition,
+// ErrStoreUnavailable.
+func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, in OutcomeInput) (*Operation, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, ErrNotFound
+	}
+	var out *Operation
+	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var op models.Operation
+		err := a.forUpdate(tx).Where("id = ? AND tenant_id = ?", id, p.TenantID).Take(&op).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return ErrNotFound
+		} else if err != nil {
+			return err
+		}
+		if !secretMatches(in.OwnerToken, op.OwnerTokenHash) {
+			return ErrNotOwner
+		}
+		resp, err := in.validate()
+		if err != nil {
+			return err
+		}
+		now, err := a.db.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if err := applyOutcome(tx, &op, in.Status, in.Receipt, resp, in.Note, in.Release, "api:"+p.Prefix, now); err != nil {
+			return err
+		}
+		out, err = loadOperation(tx, p.TenantID, op.ID, now)
+		return err
+	})
+	if err != nil {
+		return nil, storeError("record outcome", err)
+	}
+	return out, nil
+}
+
+// applyOutcome moves op by the state machine of SPEC.md §3 and writes the outcome and an event.
+// It returns ErrInvalidTransition for a refused move and does nothing for a repeat of the same
+// outcome.
+func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *string, resp json.RawMessage,
+	note *string, release bool, actor string, now time.Time) error {
+	same := op.OutcomeStatus != nil && *op.OutcomeStatus == status && sameOptional(op.OutcomeReceipt, receipt) &&
+		canonicalJSON(rawJSON(op.OutcomeResponse)) == canonicalJSON(resp)
+	target := status
+	if release {
+		target = models.StateReleased
+	}
+	switch op.State {
+	case models.StateInProgress:
+	case models.StateUncertain:
+		// Reconciliation: uncertain -> succeeded | failed. Reporting "uncertain" for an operation
+		// the reaper already marked records the caller's details once.
+		if status == models.StateUncertain && (op.OutcomeStatus != nil) {
+			if same {
+				return nil
+			}
+			return ErrInvalidTransition
+		}
+	case models.StateFailed:
+		if !same {
+			return ErrInvalidTransition
+		}
+		if !release {
+			return nil
+		}
+	default: // succeeded, released: terminal
+		if same {
+			return nil
+		}
+		return ErrInvalidTransition
+	}
+	updates := map[string]any{
+		"state": target, "outcome_status": status, "outcome_receipt": receipt,
+		"outcome_response": jsonArg(resp), "outcome_note": note, "outcome_by": actor, "outcome_at": now,
+	}
+	if op.State == models.StateFailed { // failed -> released keeps the recorded outcome
+		updates = map[string]any{}
+	}
+	if target != models.StateUncertain {
+		updates["state"] = target
+		updates["state_reason"] = nil
+		updates["ended_at"] = now
+	}
+	if err := tx.Model(&models.Operation{}).Where("id = ?", op.ID).Updates(updates).Error; err != nil {
+		return err
+	}
+	if op.State != models.StateFailed {
+		detail := fmt.Sprintf("%s -> %s: outcome %s", op.State, status, status)
+		if receipt != nil && *receipt != "" {
+			detail += ", receipt " + *receipt
+		}
+		if err := tx.Create(&models.Event{OperationID: op.ID, TenantID: op.TenantID, Kind: EventOutcome,
+			Actor: actor, Detail: detail, CreatedAt: now}).Error; err != nil {
+			return err
+		}
+	}
+	if release {
+		reason := "released with failed outcome"
+		if note != nil && *note != "" {
+			reason = *note
+		}
+		op.State = models.StateFailed
+		return releaseHold(tx, op, now, &reason, actor)
+	}
+	return nil
+}

@@ -1,0 +1,347 @@
+package services
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// MaxListLimit bounds limit on list reads (SPEC.md §4); DefaultListLimit applies when none is
+// given.
+const (
+	MaxListLimit     = 500
+	DefaultListLimit = 50
+)
+
+// operationFromModel maps a stored operation to the API's operation object.
+func operationFromModel(m *models.Operation, held bool, c attemptCount) Operation {
+	op := Operation{
+		ID: m.ID, Key: m.Key, Operation: m.OperationName, State: m.State, StateReason: m.StateReason,
+		FencingToken: m.FencingToken, CorrelationID: m.CorrelationID, Fingerprint: m.Fingerprint,
+		Metadata: rawJSON(m.Metadata), AcquiredAt: m.AcquiredAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Held: held,
+		ReleasedAt: utcPtr(m.ReleasedAt), ReleaseReason: m.ReleaseReason,
+		DuplicateAttempts: c.duplicates, ConflictAttempts: c.conflicts,
+	}
+	if m.OutcomeStatus != nil {
+		op.Outcome = &Outcome{Status: *m.OutcomeStatus, Receipt: m.OutcomeReceipt, Response: rawJSON(m.OutcomeResponse),
+			Note: m.OutcomeNote, RecordedBy: deref(m.OutcomeBy), RecordedAt: derefTime(m.OutcomeAt)}
+	}
+	return op
+}
+
+// loadOperation reads operation id of tenantID with its hold status and attempt counts, as of
+// the database time now.
+func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Operation, error) {
+	var m models.Operation
+	err := tx.Where("id = ? AND tenant_id = ?", id, tenantID).Take(&m).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	var held int64
+	if err := tx.Model(&models.IdemKey{}).
+		Where("tenant_id = ? AND key = ? AND holder_operation_id = ? AND expires_at > ?", tenantID, m.Key, m.ID, now).
+		Count(&held).Error; err != nil {
+		return nil, err
+	}
+	counts, err := attemptCounts(tx, []string{m.ID})
+	if err != nil {
+		return nil, err
+	}
+	op := operationFromModel(&m, held > 0, counts[m.ID])
+	return &op, nil
+}
+
+// GetOperation returns operation id of p's tenant with its attempts and events, oldest first
+// (SPEC.md §4). Errors: ErrNotFound (also for a malformed id or another tenant's operation, so
+// existence does not leak), ErrStoreUnavailable.
+func (a *Admission) GetOperation(ctx context.Context, tenantID int64, id string) (*OperationDetail, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, ErrNotFound
+	}
+	tx := a.db.WithContext(ctx)
+	now, err := a.db.Now(ctx, tx)
+	if err != nil {
+		return nil, storeError("get operation", err)
+	}
+	op, err := loadOperation(tx, tenantID, id, now)
+	if err != nil {
+		return nil, storeError("get operation", err)
+	}
+	d := &OperationDetail{Operation: *op}
+	var atts []models.Attempt
+	if err := tx.Where("operation_id = ? AND tenant_id = ?", id, tenantID).Order("id").Limit(1000).Find(&atts).Error; err != nil {
+		return nil, storeError("get operation", err)
+	}
+	for i := range atts {
+		d.Attempts = append(d.Attempts, attemptFromModel(&atts[i]))
+	}
+	var evs []models.Event
+	if err := tx.Where("operation_id = ? AND tenant_id = ?", id, tenantID).Order("id").Limit(1000).Find(&evs).Error; err != nil {
+		return nil, storeError("get operation", err)
+	}
+	for _, e := range evs {
+		d.Events = append(d.Events, Event{Kind: e.Kind, Actor: e.Actor, Detail: e.Detail, CreatedAt: e.CreatedAt.UTC()})
+	}
+	return d, nil
+}
+
+func attemptFromModel(m *models.Attempt) Attempt {
+	return Attempt{ID: m.ID, Key: m.Key, OperationID: m.OperationID, Result: m.Result, AttemptID: m.AttemptID,
+		Operation: m.OperationName, Fingerprint: m.Fingerprint, CorrelationID: m.CorrelationID, Caller: m.Caller,
+		AttemptedAt: m.AttemptedAt.UTC()}
+}
+
+// GetKey returns key of p's tenant with its hold and newest operation (SPEC.md §4). Errors:
+// ErrNotFound if the key was never acquired in this tenant, ErrStoreUnavailable.
+func (a *Admission) GetKey(ctx context.Context, tenantID int64, key string) (*KeyView, error) {
+	if ValidateKey(key) != "" {
+		return nil, ErrNotFound
+	}
+	tx := a.db.WithContext(ctx)
+	var k models.IdemKey
+	err := tx.Where("tenant_id = ? AND key = ?", tenantID, key).Take(&k).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	} else if err != nil {
+		return nil, storeError("get key", err)
+	}
+	now, err := a.db.Now(ctx, tx)
+	if err != nil {
+		return nil, storeError("get key", err)
+	}
+	views, err := a.keyViews(tx, []models.IdemKey{k}, now)
+	if err != nil {
+		return nil, storeError("get key", err)
+	}
+	return &views[0], nil
+}
+
+// KeyFilter selects keys for ListKeys. State and Operation filter on the key's newest
+// operation. Cursor is an opaque value from a previous page's next cursor.
+type KeyFilter struct {
+	State     string
+	Operation string
+	Limit     int
+	Cursor    string
+}
+
+// KeyPage is one page of keys, newest acquisition first. NextCursor is "" on the last page.
+type KeyPage struct {
+	Items      []KeyView
+	NextCursor string
+}
+
+// ListKeys lists p's tenant's keys newest acquisition first with keyset pagination (SPEC.md
+// §4). Errors: ErrInvalidRequest (bad limit, state or cursor), ErrStoreUnavailable.
+func (a *Admission) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (*KeyPage, error) {
+	var fe []FieldError
+	if f.Limit == 0 {
+		f.Limit = DefaultListLimit
+	}
+	if f.Limit < 1 || f.Limit > MaxListLimit {
+		fe = append(fe, FieldError{Field: "limit", Message: fmt.Sprintf("must be an integer from 1 to %d", MaxListLimit)})
+	}
+	if f.State != "" && !validState(f.State) {
+		fe = append(fe, FieldError{Field: "state", Message: "must be one of in_progress, succeeded, failed, uncertain, released"})
+	}
+	if f.Operation != "" {
+		if msg := ValidateOperationName(f.Operation); msg != "" {
+			fe = append(fe, FieldError{Field: "operation", Message: msg})
+		}
+	}
+	curAt, curID, err := decodeCursor(f.Cursor)
+	if err != nil {
+		fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
+	}
+	if len(fe) > 0 {
+		return nil, invalid(fe...)
+	}
+	tx := a.db.WithContext(ctx)
+	q := tx.Model(&models.IdemKey{}).Where("idem_keys.tenant_id = ?", tenantID)
+	if f.State != "" || f.Operation != "" {
+		q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
+		if f.State != "" {
+			q = q.Where("o.state = ?", f.State)
+		}
+		if f.Operation != "" {
+			q = q.Where("o.operation_name = ?", f.Operation)
+		}
+	}
+	if f.Cursor != "" {
+		q = q.Where("(idem_keys.acquired_at < ? OR (idem_keys.acquired_at = ? AND idem_keys.id < ?))", curAt, curAt, curID)
+	}
+	var ks []models.IdemKey
+	if err := q.Select("idem_keys.*").Order("idem_keys.acquired_at DESC, idem_keys.id DESC").
+		Limit(f.Limit + 1).Find(&ks).Error; err != nil {
+		return nil, storeError("list keys", err)
+	}
+	page := &KeyPage{}
+	if len(ks) > f.Limit {
+		ks = ks[:f.Limit]
+		last := ks[len(ks)-1]
+		page.NextCursor = encodeCursor(last.AcquiredAt, last.ID)
+	}
+	now, err := a.db.Now(ctx, tx)
+	if err != nil {
+		return nil, storeError("list keys", err)
+	}
+	page.Items, err = a.keyViews(tx, ks, now)
+	if err != nil {
+		return nil, storeError("list keys", err)
+	}
+	return page, nil
+}
+
+func validState(s string) bool {
+	switch s {
+	case models.StateInProgress, models.StateSucceeded, models.StateFailed, models.StateUncertain, models.StateReleased:
+		return true
+	}
+	return false
+}
+
+// keyViews loads the newest operation of each key with two queries for the whole page.
+func (a *Admission) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]KeyView, error) {
+	ids := make([]string, 0, len(ks))
+	for _, k := range ks {
+		ids = append(ids, k.LastOperationID)
+	}
+	ops := map[string]*models.Operation{}
+	if len(ids) > 0 {
+		var ms []models.Operation
+		if err := tx.Where("id IN ?", ids).Find(&ms).Error; err != nil {
+			return nil, err
+		}
+		for i := range ms {
+			ops[ms[i].ID] = &ms[i]
+		}
+	}
+	counts, err := attemptCounts(tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]KeyView, 0, len(ks))
+	for _, k := range ks {
+		held := k.HolderOperationID != nil && k.ExpiresAt != nil && k.ExpiresAt.After(now)
+		v := KeyView{Key: k.Key, Held: held, AcquiredAt: k.AcquiredAt.UTC()}
+		if held {
+			v.ExpiresAt = utcPtr(k.ExpiresAt)
+		}
+		if m, ok := ops[k.LastOperationID]; ok {
+			op := operationFromModel(m, held && *k.HolderOperationID == m.ID, counts[m.ID])
+			v.Operation = &op
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// AttemptFilter selects attempts for ListAttempts. Since, when set, keeps attempts at or after
+// it. Cursor is an opaque value from a previous page.
+type AttemptFilter struct {
+	Key    string
+	Result string
+	Since  *time.Time
+	Limit  int
+	Cursor string
+}
+
+// AttemptPage is one page of attempts, newest first.
+type AttemptPage struct {
+	Items      []Attempt
+	NextCursor string
+}
+
+// ListAttempts returns p's tenant's attempt log, newest first (SPEC.md §4). Errors:
+// ErrInvalidRequest, ErrStoreUnavailable.
+func (a *Admission) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilter) (*AttemptPage, error) {
+	var fe []FieldError
+	if f.Limit == 0 {
+		f.Limit = DefaultListLimit
+	}
+	if f.Limit < 1 || f.Limit > MaxListLimit {
+		fe = append(fe, FieldError{Field: "limit", Message: fmt.Sprintf("must be an integer from 1 to %d", MaxListLimit)})
+	}
+	switch f.Result {
+	case "", models.ResultAdmitted, models.ResultDuplicate, models.ResultConflict:
+	default:
+		fe = append(fe, FieldError{Field: "result", Message: "must be admitted, duplicate or conflict"})
+	}
+	if f.Key != "" {
+		if msg := ValidateKey(f.Key); msg != "" {
+			fe = append(fe, FieldError{Field: "key", Message: msg})
+		}
+	}
+	var before int64
+	if f.Cursor != "" {
+		n, err := strconv.ParseInt(f.Cursor, 10, 64)
+		if err != nil || n <= 0 {
+			fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
+		}
+		before = n
+	}
+	if len(fe) > 0 {
+		return nil, invalid(fe...)
+	}
+	q := a.db.WithContext(ctx).Where("tenant_id = ?", tenantID)
+	if f.Key != "" {
+		q = q.Where("key = ?", f.Key)
+	}
+	if f.Result != "" {
+		q = q.Where("result = ?", f.Result)
+	}
+	if f.Since != nil {
+		q = q.Where("attempted_at >= ?", f.Since.UTC())
+	}
+	if before > 0 {
+		q = q.Where("id < ?", before)
+	}
+	var ms []models.Attempt
+	if err := q.Order("id DESC").Limit(f.Limit + 1).Find(&ms).Error; err != nil {
+		return nil, storeError("list attempts", err)
+	}
+	page := &AttemptPage{Items: []Attempt{}}
+	if len(ms) > f.Limit {
+		ms = ms[:f.Limit]
+		page.NextCursor = strconv.FormatInt(ms[len(ms)-1].ID, 10)
+	}
+	for i := range ms {
+		page.Items = append(page.Items, attemptFromModel(&ms[i]))
+	}
+	return page, nil
+}
+
+// Cursors are opaque to clients: base64url of "<unix nanoseconds>.<row id>".
+func encodeCursor(t time.Time, id int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%d.%d", t.UnixNano(), id)))
+}
+
+func decodeCursor(c string) (time.Time, int64, error) {
+	if c == "" {
+		return time.Time{}, 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, 0, err
+	}
+	ts, idStr, ok := strings.Cut(string(b), ".")
+	if !ok {
+		return time.Time{}, 0, errors.New("malformed cursor")
+	}
+	ns, err1 := strconv.ParseInt(ts, 10, 64)
+	id, err2 := strconv.ParseInt(idStr, 10, 64)
+	if err1 != nil || err2 != nil || id <= 0 {
+		return time.Time{}, 0, errors.New("malformed cursor")
+	}
+	return time.Unix(0, ns).UTC(), id, nil
+}

@@ -1,0 +1,173 @@
+package services
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// DefaultRetention is how long evidence is kept after an operation ends (SPEC.md §6).
+const DefaultRetention = 90 * 24 * time.Hour
+
+// reapBatch bounds the rows one reaper statement touches, so a large backlog never holds locks
+// or a transaction for long.
+const reapBatch = 500
+
+// Reaper expires holds and purges old evidence (SPEC.md §3, §6). Several reapers (one per
+// server process) may run at once: every change is a compare-and-set, so they never undo each
+// other's or an acquire's work.
+type Reaper struct {
+	db        *models.DB
+	log       *slog.Logger
+	retention time.Duration
+
+	// afterScan, when set (tests only), runs between reading the expired holds and clearing
+	// them, to prove that a hold re-acquired in between survives.
+	afterScan func()
+}
+
+// NewReaper returns a Reaper over db that purges evidence older than retention (0 means
+// DefaultRetention).
+func NewReaper(db *models.DB, log *slog.Logger, retention time.Duration) *Reaper {
+	if retention <= 0 {
+		retention = DefaultRetention
+	}
+	return &Reaper{db: db, log: log, retention: retention}
+}
+
+// ReapResult counts what one reaper pass changed.
+type ReapResult struct {
+	HoldsExpired     int64 // expired holds cleared
+	MarkedUncertain  int64 // in_progress operations moved to uncertain (ttl_expired_without_outcome)
+	OperationsPurged int64 // ended operations older than the retention, with their attempts and events
+	SessionsPurged   int64 // expired dashboard sessions
+}
+
+// RunOnce makes one pass: clear every expired hold (by compare on its operation id), mark its
+// operation uncertain if it was still in_progress, then purge evidence of operations that ended
+// more than the retention ago, in batches. Errors: ErrStoreUnavailable or a wrapped database
+// error; work done before the error stays done.
+func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
+	var res ReapResult
+	if err := r.expireHolds(ctx, &res); err != nil {
+		return res, storeError("reap holds", err)
+	}
+	if err := r.purge(ctx, &res); err != nil {
+		return res, storeError("purge evidence", err)
+	}
+	return res, nil
+}
+
+func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
+	db := r.db.WithContext(ctx)
+	for {
+		now, err := r.db.Now(ctx, db)
+		if err != nil {
+			return err
+		}
+		var ks []models.IdemKey
+		if err := db.Where("holder_operation_id IS NOT NULL AND expires_at <= ?", now).
+			Order("expires_at").Limit(reapBatch).Find(&ks).Error; err != nil {
+			return err
+		}
+		if r.afterScan != nil {
+			r.afterScan()
+		}
+		for _, k := range ks {
+			err := db.Transaction(func(tx *gorm.DB) error {
+				// Compare on the operation id read above: if another attempt took the key over
+				// since, this changes nothing.
+				u := tx.Model(&models.IdemKey{}).
+					Where("id = ? AND holder_operation_id = ? AND expires_at <= ?", k.ID, *k.HolderOperationID, now).
+					Updates(map[string]any{"holder_operation_id": nil, "expires_at": nil})
+				if u.Error != nil || u.RowsAffected == 0 {
+					return u.Error
+				}
+				res.HoldsExpired++
+				m := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", *k.HolderOperationID, models.StateInProgress).
+					Updates(map[string]any{"state": models.StateUncertain, "state_reason": ReasonTTLExpired})
+				if m.Error != nil || m.RowsAffected == 0 {
+					return m.Error
+				}
+				res.MarkedUncertain++
+				return tx.Create(&models.Event{OperationID: *k.HolderOperationID, TenantID: k.TenantID,
+					Kind: EventStateChanged, Actor: ActorSystem, Detail: "in_progress -> uncertain: " + ReasonTTLExpired,
+					CreatedAt: now}).Error
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if len(ks) < reapBatch {
+			return nil
+		}
+	}
+}
+
+func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
+	db := r.db.WithContext(ctx)
+	now, err := r.db.Now(ctx, db)
+	if err != nil {
+		return err
+	}
+	cutoff := now.Add(-r.retention)
+	for {
+		var ids []string
+		// An operation that still holds its key (a failed one within its TTL) is kept.
+		if err := db.Model(&models.Operation{}).
+			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
+			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)").
+			Limit(reapBatch).Pluck("id", &ids).Error; err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			break
+		}
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Where("operation_id IN ?", ids).Delete(&models.Event{}).Error; err != nil {
+				return err
+			}
+			if err := tx.Where("operation_id IN ?", ids).Delete(&models.Attempt{}).Error; err != nil {
+				return err
+			}
+			d := tx.Where("id IN ?", ids).Delete(&models.Operation{})
+			res.OperationsPurged += d.RowsAffected
+			return d.Error
+		})
+		if err != nil {
+			return err
+		}
+		if len(ids) < reapBatch {
+			break
+		}
+	}
+	s := db.Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
+	res.SessionsPurged = s.RowsAffected
+	return s.Error
+}
+
+// Run calls RunOnce every interval until ctx ends, logging each pass that changed something
+// and each failure (a failed pass is simply retried at the next tick).
+func (r *Reaper) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := r.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("reaper pass failed", "err", err)
+			continue
+		}
+		if res != (ReapResult{}) {
+			r.log.Info("reaper pass", "holds_expired", res.HoldsExpired, "marked_uncertain", res.MarkedUncertain,
+				"operations_purged", res.OperationsPurged, "sessions_purged", res.SessionsPurged)
+		}
+	}
+}

@@ -1,0 +1,122 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// ReleaseInput is an owner-checked release (SPEC.md §4 "POST /v1/release"). Reason is optional
+// free text of at most 500 characters.
+type ReleaseInput struct {
+	Key        string
+	OwnerToken string
+	Reason     *string
+}
+
+func (in *ReleaseInput) validate() error {
+	var fe []FieldError
+	if msg := ValidateKey(in.Key); msg != "" {
+		fe = append(fe, FieldError{Field: "key", Message: msg})
+	}
+	if msg := validateText(in.OwnerToken, 256, false); msg != "" {
+		fe = append(fe, FieldError{Field: "owner_token", Message: msg})
+	}
+	if in.Reason != nil {
+		if msg := validateText(*in.Reason, MaxReasonChars, true); msg != "" {
+			fe = append(fe, FieldError{Field: "reason", Message: msg})
+		}
+	}
+	if len(fe) > 0 {
+		return invalid(fe...)
+	}
+	return nil
+}
+
+// Release deletes the key's hold by compare on the operation that holds it, only if
+// in.OwnerToken owns that hold and no effect is confirmed (SPEC.md §1.3, §4). The operation
+// becomes released. Errors: ErrInvalidRequest; ErrKeyNotHeld (no live hold, e.g. expired);
+// ErrNotOwner (the token does not own the current hold, including a hold re-acquired by another
+// attempt); ErrEffectConfirmed (succeeded); ErrOutcomeUncertain (uncertain); ErrStoreUnavailable.
+// None of the refusals change anything.
+func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (*Operation, error) {
+	if err := in.validate(); err != nil {
+		return nil, err
+	}
+	var out *Operation
+	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var k models.IdemKey
+		err := a.forUpdate(tx).Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return ErrKeyNotHeld
+		} else if err != nil {
+			return err
+		}
+		now, err := a.db.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if k.HolderOperationID == nil || !k.ExpiresAt.After(now) {
+			return ErrKeyNotHeld
+		}
+		var h models.Operation
+		if err := a.forUpdate(tx).Where("id = ?", *k.HolderOperationID).Take(&h).Error; err != nil {
+			return err
+		}
+		if !secretMatches(in.OwnerToken, h.OwnerTokenHash) {
+			return ErrNotOwner
+		}
+		switch h.State {
+		case models.StateSucceeded:
+			return ErrEffectConfirmed
+		case models.StateUncertain:
+			return ErrOutcomeUncertain
+		case models.StateInProgress, models.StateFailed:
+		default:
+			return ErrInvalidTransition
+		}
+		if err := releaseHold(tx, &h, now, in.Reason, "api:"+p.Prefix); err != nil {
+			return err
+		}
+		out, err = loadOperation(tx, p.TenantID, h.ID, now)
+		return err
+	})
+	if err != nil {
+		return nil, storeError("release", err)
+	}
+	return out, nil
+}
+
+// releaseHold moves h to released and clears the key's hold by compare on h.ID, so it can never
+// remove a hold that a newer attempt acquired (SPEC.md §6).
+func releaseHold(tx *gorm.DB, h *models.Operation, now time.Time, reason *string, actor string) error {
+	if err := tx.Model(&models.IdemKey{}).
+		Where("tenant_id = ? AND key = ? AND holder_operation_id = ?", h.TenantID, h.Key, h.ID).
+		Updates(map[string]any{"holder_operation_id": nil, "expires_at": nil}).Error; err != nil {
+		return err
+	}
+	if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(map[string]any{
+		"state": models.StateReleased, "released_at": now, "release_reason": reason, "ended_at": now,
+	}).Error; err != nil {
+		return err
+	}
+	detail := h.State + " -> released"
+	if reason != nil && *reason != "" {
+		detail += ": " + *reason
+	}
+	return tx.Create(&models.Event{OperationID: h.ID, TenantID: h.TenantID, Kind: EventReleased,
+		Actor: actor, Detail: detail, CreatedAt: now}).Error
+}
+
+// forUpdate locks the selected rows on PostgreSQL. SQLite needs no row locks: its immediate
+// transactions already hold the database's single write lock.
+func (a *Admission) forUpdate(tx *gorm.DB) *gorm.DB {
+	if a.db.Dialect == models.Postgres {
+		return tx.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	return tx
+}

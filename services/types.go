@@ -1,0 +1,113 @@
+package services
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Principal is the authenticated caller of the JSON API: the tenant its API key belongs to and
+// the key's display prefix (recorded as the caller of attempts).
+type Principal struct {
+	TenantID int64
+	APIKeyID int64
+	Prefix   string
+}
+
+// Outcome is the confirmed (or explicitly uncertain) result of an operation (SPEC.md §4).
+// Response is the stored JSON response, replayed to duplicates; nil when none was recorded.
+type Outcome struct {
+	Status     string
+	Receipt    *string
+	Response   json.RawMessage
+	Note       *string
+	RecordedBy string
+	RecordedAt time.Time
+}
+
+// Operation is the operation object of SPEC.md §4. Held says whether the operation still holds
+// its key (a live, unexpired hold). Outcome is nil until one is recorded. StateReason explains
+// a state the system chose, e.g. "ttl_expired_without_outcome".
+type Operation struct {
+	ID                string
+	Key               string
+	Operation         *string
+	State             string
+	StateReason       *string
+	FencingToken      int64
+	CorrelationID     *string
+	Fingerprint       *string
+	Metadata          json.RawMessage
+	AcquiredAt        time.Time
+	ExpiresAt         time.Time
+	Held              bool
+	Outcome           *Outcome
+	ReleasedAt        *time.Time
+	ReleaseReason     *string
+	DuplicateAttempts int64
+	ConflictAttempts  int64
+}
+
+// PreviousOperation summarises the key's previous operation when it did not end cleanly
+// (uncertain, or succeeded and now admitted again), so the new attempt can check the
+// destination first (SPEC.md §4).
+type PreviousOperation struct {
+	ID            string
+	State         string
+	FencingToken  int64
+	OutcomeStatus *string
+}
+
+// Acquisition is the answer to an acquire that was not refused. When Admitted, OperationID,
+// OwnerToken (the only copy of the secret), FencingToken and ExpiresAt describe the new hold;
+// when not, Operation is the holder's current operation (a duplicate).
+type Acquisition struct {
+	Admitted          bool
+	Readmitted        bool // an attempt_id retry got its own operation back
+	Key               string
+	OperationID       string
+	OwnerToken        string
+	FencingToken      int64
+	State             string
+	ExpiresAt         time.Time
+	PreviousOperation *PreviousOperation
+	Operation         *Operation
+}
+
+// KeyView is a key and its newest operation (SPEC.md §4 "GET /v1/keys/{key}"). ExpiresAt is
+// nil when the key is not held. Operation is nil only if retention purged it.
+type KeyView struct {
+	Key        string
+	Held       bool
+	ExpiresAt  *time.Time
+	AcquiredAt time.Time
+	Operation  *Operation
+}
+
+// Attempt is one logged acquire call (SPEC.md §2).
+type Attempt struct {
+	ID            int64
+	Key           string
+	OperationID   *string
+	Result        string
+	AttemptID     *string
+	Operation     *string
+	Fingerprint   *string
+	CorrelationID *string
+	Caller        string
+	AttemptedAt   time.Time
+}
+
+// Event is one entry of an operation's event log.
+type Event struct {
+	Kind      string
+	Actor     string
+	Detail    string
+	CreatedAt time.Time
+}
+
+// OperationDetail is an operation with its attempts (oldest first) and events (oldest first).
+type OperationDetail struct {
+	Operation
+	Attempts []Attempt
+	Events   []Event
+}

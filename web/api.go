@@ -1,0 +1,216 @@
+package web
+
+import (
+	"encoding/json"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/services"
+)
+
+// required reports a missing required field the same way services reports invalid ones.
+func required(fields ...string) error {
+	fe := make([]services.FieldError, 0, len(fields))
+	for _, f := range fields {
+		fe = append(fe, services.FieldError{Field: f, Message: "is required"})
+	}
+	return &services.Error{Code: services.CodeInvalidRequest, Message: "The request has invalid fields.", Fields: fe}
+}
+
+// nullIsAbsent treats a JSON null like an omitted member.
+func nullIsAbsent(raw json.RawMessage) json.RawMessage {
+	if string(raw) == "null" {
+		return nil
+	}
+	return raw
+}
+
+func handleAcquire(adm *services.Admission, m *metrics) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		var req acquireRequest
+		if err := decodeJSON(c.Body(), &req); err != nil {
+			return err
+		}
+		var missing []string
+		if req.Key == nil {
+			missing = append(missing, "key")
+		}
+		if req.TTLSeconds == nil {
+			missing = append(missing, "ttl_seconds")
+		}
+		if len(missing) > 0 {
+			return required(missing...)
+		}
+		p := principal(c)
+		acq, err := adm.Acquire(c.UserContext(), p, services.AcquireInput{
+			Key: *req.Key, TTLSeconds: *req.TTLSeconds, Operation: req.Operation, Fingerprint: req.Fingerprint,
+			CorrelationID: req.CorrelationID, AttemptID: req.AttemptID, Metadata: nullIsAbsent(req.Metadata),
+		})
+		if err != nil {
+			if services.IsCode(err, services.CodeFingerprintMismatch) {
+				m.acquires.WithLabelValues("conflict").Inc()
+			}
+			return err
+		}
+		if !acq.Admitted {
+			m.acquires.WithLabelValues("duplicate").Inc()
+			return c.Status(fiber.StatusOK).JSON(duplicateResponse{Admitted: false, Key: acq.Key,
+				Operation: toOperationDTO(acq.Operation)})
+		}
+		m.acquires.WithLabelValues("admitted").Inc()
+		resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
+			FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt}
+		if po := acq.PreviousOperation; po != nil {
+			resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
+			if po.OutcomeStatus != nil {
+				resp.PreviousOperation.Outcome = &outcomeRef{Status: *po.OutcomeStatus}
+			}
+		}
+		return c.Status(fiber.StatusCreated).JSON(resp)
+	}
+}
+
+func handleRelease(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		var req releaseRequest
+		if err := decodeJSON(c.Body(), &req); err != nil {
+			return err
+		}
+		var missing []string
+		if req.Key == nil {
+			missing = append(missing, "key")
+		}
+		if req.OwnerToken == nil {
+			missing = append(missing, "owner_token")
+		}
+		if len(missing) > 0 {
+			return required(missing...)
+		}
+		op, err := adm.Release(c.UserContext(), principal(c), services.ReleaseInput{
+			Key: *req.Key, OwnerToken: *req.OwnerToken, Reason: req.Reason})
+		if err != nil {
+			return err
+		}
+		return c.JSON(releaseResponse{Released: true, Operation: toOperationDTO(op)})
+	}
+}
+
+func handleOutcome(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		var req outcomeRequest
+		if err := decodeJSON(c.Body(), &req); err != nil {
+			return err
+		}
+		if req.OwnerToken == nil {
+			return required("owner_token")
+		}
+		in := services.OutcomeInput{OwnerToken: *req.OwnerToken, Receipt: req.Receipt,
+			Response: nullIsAbsent(req.Response), Note: req.Note}
+		if req.Status != nil {
+			in.Status = *req.Status
+		}
+		if req.Release != nil {
+			in.Release = *req.Release
+		}
+		op, err := adm.RecordOutcome(c.UserContext(), principal(c), c.Params("id"), in)
+		if err != nil {
+			return err
+		}
+		return c.JSON(toOperationDTO(op))
+	}
+}
+
+func handleGetKey(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		// The router matches the raw (still percent-encoded) path, so "a%2Fb" arrives here
+		// intact and is decoded exactly once: "a/b", "x%2Fy" and non-ASCII keys round-trip.
+		key, err := url.PathUnescape(c.Params("*"))
+		if err != nil || key == "" {
+			return services.ErrNotFound
+		}
+		k, err := adm.GetKey(c.UserContext(), principal(c).TenantID, key)
+		if err != nil {
+			return err
+		}
+		return c.JSON(toKeyDTO(k))
+	}
+}
+
+func queryLimit(c *fiber.Ctx) (int, error) {
+	s := c.Query("limit")
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > services.MaxListLimit {
+		return 0, &services.Error{Code: services.CodeInvalidRequest, Message: "The request has invalid fields.",
+			Fields: []services.FieldError{{Field: "limit", Message: "must be an integer from 1 to " + strconv.Itoa(services.MaxListLimit)}}}
+	}
+	return n, nil
+}
+
+func handleListKeys(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		limit, err := queryLimit(c)
+		if err != nil {
+			return err
+		}
+		page, err := adm.ListKeys(c.UserContext(), principal(c).TenantID, services.KeyFilter{
+			State: c.Query("state"), Operation: c.Query("operation"), Limit: limit, Cursor: c.Query("cursor")})
+		if err != nil {
+			return err
+		}
+		resp := keyListResponse{Items: make([]keyDTO, 0, len(page.Items)), NextCursor: cursorPtr(page.NextCursor)}
+		for i := range page.Items {
+			resp.Items = append(resp.Items, toKeyDTO(&page.Items[i]))
+		}
+		return c.JSON(resp)
+	}
+}
+
+func handleGetOperation(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		d, err := adm.GetOperation(c.UserContext(), principal(c).TenantID, c.Params("id"))
+		if err != nil {
+			return err
+		}
+		resp := operationDetailDTO{operationDTO: toOperationDTO(&d.Operation),
+			Attempts: make([]attemptDTO, 0, len(d.Attempts)), Events: make([]eventDTO, 0, len(d.Events))}
+		for i := range d.Attempts {
+			resp.Attempts = append(resp.Attempts, toAttemptDTO(&d.Attempts[i]))
+		}
+		for _, e := range d.Events {
+			resp.Events = append(resp.Events, eventDTO{Kind: e.Kind, Actor: e.Actor, Detail: e.Detail, CreatedAt: e.CreatedAt})
+		}
+		return c.JSON(resp)
+	}
+}
+
+func handleListAttempts(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		limit, err := queryLimit(c)
+		if err != nil {
+			return err
+		}
+		f := services.AttemptFilter{Key: c.Query("key"), Result: c.Query("result"), Limit: limit, Cursor: c.Query("cursor")}
+		if s := c.Query("since"); s != "" {
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				return &services.Error{Code: services.CodeInvalidRequest, Message: "The request has invalid fields.",
+					Fields: []services.FieldError{{Field: "since", Message: "must be an RFC 3339 time, e.g. 2026-01-02T15:04:05Z"}}}
+			}
+			f.Since = &t
+		}
+		page, err := adm.ListAttempts(c.UserContext(), principal(c).TenantID, f)
+		if err != nil {
+			return err
+		}
+		resp := attemptListResponse{Items: make([]attemptDTO, 0, len(page.Items)), NextCursor: cursorPtr(page.NextCursor)}
+		for i := range page.Items {
+			resp.Items = append(resp.Items, toAttemptDTO(&page.Items[i]))
+		}
+		return c.JSON(resp)
+	}
+}

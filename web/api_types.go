@@ -1,0 +1,185 @@
+package web
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/idemgate/idemgate/services"
+)
+
+// Request and response shapes of SPEC.md §4. They are the wire format; services' types never
+// reach JSON directly.
+
+type acquireRequest struct {
+	Key           *string         `json:"key"`
+	TTLSeconds    *int64          `json:"ttl_seconds"`
+	Operation     *string         `json:"operation"`
+	Fingerprint   *string         `json:"fingerprint"`
+	CorrelationID *string         `json:"correlation_id"`
+	AttemptID     *string         `json:"attempt_id"`
+	Metadata      json.RawMessage `json:"metadata"`
+}
+
+type releaseRequest struct {
+	Key        *string `json:"key"`
+	OwnerToken *string `json:"owner_token"`
+	Reason     *string `json:"reason"`
+}
+
+type outcomeRequest struct {
+	OwnerToken *string         `json:"owner_token"`
+	Status     *string         `json:"status"`
+	Receipt    *string         `json:"receipt"`
+	Response   json.RawMessage `json:"response"`
+	Note       *string         `json:"note"`
+	Release    *bool           `json:"release"`
+}
+
+type admittedResponse struct {
+	Admitted          bool                  `json:"admitted"`
+	Key               string                `json:"key"`
+	OperationID       string                `json:"operation_id"`
+	OwnerToken        string                `json:"owner_token"`
+	FencingToken      int64                 `json:"fencing_token"`
+	State             string                `json:"state"`
+	ExpiresAt         time.Time             `json:"expires_at"`
+	PreviousOperation *previousOperationDTO `json:"previous_operation,omitempty"`
+}
+
+type previousOperationDTO struct {
+	ID           string      `json:"id"`
+	State        string      `json:"state"`
+	FencingToken int64       `json:"fencing_token"`
+	Outcome      *outcomeRef `json:"outcome"`
+}
+
+type outcomeRef struct {
+	Status string `json:"status"`
+}
+
+type duplicateResponse struct {
+	Admitted  bool         `json:"admitted"`
+	Key       string       `json:"key"`
+	Operation operationDTO `json:"operation"`
+}
+
+type releaseResponse struct {
+	Released  bool         `json:"released"`
+	Operation operationDTO `json:"operation"`
+}
+
+type operationDTO struct {
+	ID                string          `json:"id"`
+	Key               string          `json:"key"`
+	Operation         *string         `json:"operation"`
+	State             string          `json:"state"`
+	StateReason       *string         `json:"state_reason"`
+	FencingToken      int64           `json:"fencing_token"`
+	CorrelationID     *string         `json:"correlation_id"`
+	Fingerprint       *string         `json:"fingerprint"`
+	Metadata          json.RawMessage `json:"metadata"`
+	AcquiredAt        time.Time       `json:"acquired_at"`
+	ExpiresAt         time.Time       `json:"expires_at"`
+	Held              bool            `json:"held"`
+	Outcome           *outcomeDTO     `json:"outcome"`
+	ReleasedAt        *time.Time      `json:"released_at"`
+	ReleaseReason     *string         `json:"release_reason"`
+	DuplicateAttempts int64           `json:"duplicate_attempts"`
+	ConflictAttempts  int64           `json:"conflict_attempts"`
+}
+
+type outcomeDTO struct {
+	Status     string          `json:"status"`
+	Receipt    *string         `json:"receipt"`
+	Response   json.RawMessage `json:"response"`
+	Note       *string         `json:"note"`
+	RecordedBy string          `json:"recorded_by"`
+	RecordedAt time.Time       `json:"recorded_at"`
+}
+
+type operationDetailDTO struct {
+	operationDTO
+	Attempts []attemptDTO `json:"attempts"`
+	Events   []eventDTO   `json:"events"`
+}
+
+type attemptDTO struct {
+	ID            int64     `json:"id"`
+	Key           string    `json:"key"`
+	OperationID   *string   `json:"operation_id"`
+	Result        string    `json:"result"`
+	AttemptID     *string   `json:"attempt_id"`
+	Operation     *string   `json:"operation"`
+	Fingerprint   *string   `json:"fingerprint"`
+	CorrelationID *string   `json:"correlation_id"`
+	Caller        string    `json:"caller"`
+	AttemptedAt   time.Time `json:"attempted_at"`
+}
+
+type eventDTO struct {
+	Kind      string    `json:"kind"`
+	Actor     string    `json:"actor"`
+	Detail    string    `json:"detail"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+type keyDTO struct {
+	Key        string        `json:"key"`
+	Held       bool          `json:"held"`
+	ExpiresAt  *time.Time    `json:"expires_at"`
+	AcquiredAt time.Time     `json:"acquired_at"`
+	Operation  *operationDTO `json:"operation"`
+}
+
+type keyListResponse struct {
+	Items      []keyDTO `json:"items"`
+	NextCursor *string  `json:"next_cursor"`
+}
+
+type attemptListResponse struct {
+	Items      []attemptDTO `json:"items"`
+	NextCursor *string      `json:"next_cursor"`
+}
+
+func toOperationDTO(o *services.Operation) operationDTO {
+	d := operationDTO{
+		ID: o.ID, Key: o.Key, Operation: o.Operation, State: o.State, StateReason: o.StateReason,
+		FencingToken: o.FencingToken, CorrelationID: o.CorrelationID, Fingerprint: o.Fingerprint,
+		Metadata: o.Metadata, AcquiredAt: o.AcquiredAt, ExpiresAt: o.ExpiresAt, Held: o.Held,
+		ReleasedAt: o.ReleasedAt, ReleaseReason: o.ReleaseReason, DuplicateAttempts: o.DuplicateAttempts,
+		ConflictAttempts: o.ConflictAttempts,
+	}
+	if d.Metadata == nil {
+		d.Metadata = json.RawMessage("null")
+	}
+	if o.Outcome != nil {
+		d.Outcome = &outcomeDTO{Status: o.Outcome.Status, Receipt: o.Outcome.Receipt, Response: o.Outcome.Response,
+			Note: o.Outcome.Note, RecordedBy: o.Outcome.RecordedBy, RecordedAt: o.Outcome.RecordedAt}
+		if d.Outcome.Response == nil {
+			d.Outcome.Response = json.RawMessage("null")
+		}
+	}
+	return d
+}
+
+func toAttemptDTO(a *services.Attempt) attemptDTO {
+	return attemptDTO{ID: a.ID, Key: a.Key, OperationID: a.OperationID, Result: a.Result, AttemptID: a.AttemptID,
+		Operation: a.Operation, Fingerprint: a.Fingerprint, CorrelationID: a.CorrelationID, Caller: a.Caller,
+		AttemptedAt: a.AttemptedAt}
+}
+
+func toKeyDTO(k *services.KeyView) keyDTO {
+	d := keyDTO{Key: k.Key, Held: k.Held, ExpiresAt: k.ExpiresAt, AcquiredAt: k.AcquiredAt}
+	if k.Operation != nil {
+		op := toOperationDTO(k.Operation)
+		d.Operation = &op
+	}
+	return d
+}
+
+func cursorPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

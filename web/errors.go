@@ -1,0 +1,127 @@
+package web
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/services"
+)
+
+// problem is an RFC 9457 problem details object with idemgate's extension members: `code`
+// (stable, machine-readable; SPEC.md §4), `errors` (per-field validation messages) and
+// `request_id` (the X-Request-ID of the request, to find it in the logs).
+type problem struct {
+	Type      string         `json:"type"`
+	Title     string         `json:"title"`
+	Status    int            `json:"status"`
+	Detail    string         `json:"detail,omitempty"`
+	Code      string         `json:"code"`
+	Errors    []problemField `json:"errors,omitempty"`
+	RequestID string         `json:"request_id,omitempty"`
+}
+
+type problemField struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// statusByCode is the one table from domain error code to HTTP status (SPEC.md §4).
+var statusByCode = map[string]int{
+	services.CodeInvalidRequest:      http.StatusBadRequest,
+	services.CodeUnauthorized:        http.StatusUnauthorized,
+	services.CodeFingerprintMismatch: http.StatusUnprocessableEntity,
+	services.CodeNotOwner:            http.StatusConflict,
+	services.CodeEffectConfirmed:     http.StatusConflict,
+	services.CodeOutcomeUncertain:    http.StatusConflict,
+	services.CodeKeyNotHeld:          http.StatusNotFound,
+	services.CodeInvalidTransition:   http.StatusConflict,
+	services.CodeNotFound:            http.StatusNotFound,
+	services.CodePayloadTooLarge:     http.StatusRequestEntityTooLarge,
+	services.CodeStoreUnavailable:    http.StatusServiceUnavailable,
+	services.CodeInternal:            http.StatusInternalServerError,
+}
+
+// outcomeRoute is the one route where not_owner is 403 rather than 409: SPEC.md §4 has a wrong
+// owner token on an outcome answered 403 "whatever else is wrong", while on release it is a
+// conflict with the current hold.
+const outcomeRoute = "/v1/operations/:id/outcome"
+
+// retryAfterSeconds is sent with 503 store_unavailable.
+const retryAfterSeconds = "2"
+
+// toDomainError turns any error that reaches the error handler into a *services.Error. Fiber's
+// own errors (unknown route, body too large, wrong method) get matching codes; anything else is
+// internal and its text never reaches the client (STYLE.md anti-pattern 5).
+func toDomainError(err error) (*services.Error, bool) {
+	var de *services.Error
+	if errors.As(err, &de) {
+		return de, false
+	}
+	var fe *fiber.Error
+	if errors.As(err, &fe) {
+		switch fe.Code {
+		case fiber.StatusRequestEntityTooLarge:
+			return &services.Error{Code: services.CodePayloadTooLarge, Message: "The request body is larger than 256 KiB; nothing was changed."}, false
+		case fiber.StatusNotFound:
+			return &services.Error{Code: services.CodeNotFound, Message: "No such resource."}, false
+		case fiber.StatusMethodNotAllowed:
+			return &services.Error{Code: services.CodeInvalidRequest, Message: "Method not allowed on this resource."}, false
+		case fiber.StatusBadRequest:
+			return &services.Error{Code: services.CodeInvalidRequest, Message: "The request is malformed."}, false
+		case fiber.StatusForbidden:
+			return &services.Error{Code: services.CodeUnauthorized, Message: "Forbidden."}, false
+		case fiber.StatusTooManyRequests:
+			return &services.Error{Code: services.CodeInvalidRequest, Message: "Too many requests; retry later."}, false
+		}
+	}
+	if services.IsUnavailable(err) {
+		return &services.Error{Code: services.CodeStoreUnavailable, Message: services.ErrStoreUnavailable.Message}, false
+	}
+	return &services.Error{Code: services.CodeInternal, Message: "Internal error."}, true
+}
+
+func statusFor(c *fiber.Ctx, de *services.Error) int {
+	if de.Code == services.CodeNotOwner && c.Route().Path == outcomeRoute {
+		return http.StatusForbidden
+	}
+	if s, ok := statusByCode[de.Code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// errorHandler is Fiber's ErrorHandler: the single place where errors become responses. API
+// and operational routes get problem+json; dashboard routes get an HTML error page.
+func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
+	de, internal := toDomainError(err)
+	status := statusFor(c, de)
+	// Fiber's own errors keep their status (405 stays 405, 429 stays 429).
+	var fe *fiber.Error
+	if errors.As(err, &fe) && !errors.As(err, new(*services.Error)) && fe.Code != fiber.StatusForbidden {
+		status = fe.Code
+	}
+	rid := requestID(c)
+	if internal || status >= 500 {
+		s.log.Error("request failed", "request_id", rid, "method", c.Method(), "path", c.Path(), "status", status, "err", err)
+	}
+	if status == http.StatusServiceUnavailable {
+		c.Set(fiber.HeaderRetryAfter, retryAfterSeconds)
+	}
+	if status == http.StatusUnauthorized && isAPIPath(c.Path()) {
+		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="idemgate"`)
+	}
+	if !isAPIPath(c.Path()) && !strings.HasPrefix(c.Path(), "/readyz") {
+		return s.renderErrorPage(c, status, de.Message)
+	}
+	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: de.Message,
+		Code: de.Code, RequestID: rid}
+	for _, f := range de.Fields {
+		p.Errors = append(p.Errors, problemField{Field: f.Field, Message: f.Message})
+	}
+	c.Status(status)
+	return c.JSON(p, "application/problem+json")
+}
+
+func isAPIPath(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1" }

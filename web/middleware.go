@@ -1,0 +1,47 @@
+package web
+
+import (
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/services"
+)
+
+type ctxKey int
+
+const (
+	principalKey ctxKey = iota
+)
+
+// apiAuth authenticates the Bearer API key of SPEC.md §4 and stores the tenant's principal for
+// principal(c). Errors: services.ErrUnauthorized, services.ErrStoreUnavailable.
+func apiAuth(auth *services.Auth) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		h := c.Get(fiber.HeaderAuthorization)
+		scheme, token, ok := strings.Cut(h, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+			return services.ErrUnauthorized
+		}
+		p, err := auth.Authenticate(c.UserContext(), strings.TrimSpace(token))
+		if err != nil {
+			return err
+		}
+		c.Locals(principalKey, p)
+		return c.Next()
+	}
+}
+
+// principal returns the caller authenticated by apiAuth. Routes without apiAuth never call it;
+// a zero principal (tenant 0) matches nothing, so a wiring mistake fails closed.
+func principal(c *fiber.Ctx) services.Principal {
+	p, _ := c.Locals(principalKey).(services.Principal)
+	return p
+}
+
+// requestID returns the request's X-Request-ID as set by the requestid middleware.
+func requestID(c *fiber.Ctx) string {
+	if v, ok := c.Locals("requestid").(string); ok {
+		return v
+	}
+	return ""
+}

@@ -1,0 +1,24 @@
+package web
+
+import (
+	"github.com/gofiber/fiber/v2"
+)
+
+// routes lists every route of the service (SPEC.md §4 and §5).
+func (s *Server) routes(metricsHandler fiber.Handler) {
+	app := s.app
+	app.Get("/healthz", s.handleHealthz)
+	app.Get("/readyz", s.handleReadyz)
+	app.Get("/metrics", metricsHandler)
+
+	v1 := app.Group("/v1", apiAuth(s.auth))
+	v1.Post("/acquire", handleAcquire(s.adm, s.metrics))
+	v1.Post("/release", handleRelease(s.adm))
+	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
+	v1.Get("/operations/:id", handleGetOperation(s.adm))
+	v1.Get("/keys", handleListKeys(s.adm))
+	v1.Get("/keys/*", handleGetKey(s.adm))
+	v1.Get("/attempts", handleListAttempts(s.adm))
+
+	s.dashboardRoutes()
+}

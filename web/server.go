@@ -1,0 +1,101 @@
+package web
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/gofiber/fiber/v2/middleware/requestid"
+	"github.com/gofiber/fiber/v2/middleware/session"
+	"github.com/idemgate/idemgate/services"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config is what the HTTP layer needs. All fields but SecureCookies are required.
+type Config struct {
+	Admission *services.Admission
+	Auth      *services.Auth
+	Log       *slog.Logger
+	// DB is pinged by /readyz and exported as pool metrics.
+	DB *sql.DB
+	// Sessions stores dashboard sessions; use NewSessionStorage for the database-backed one, so
+	// any instance serves any operator and restarts log nobody out (SPEC.md §5).
+	Sessions fiber.Storage
+	// SecureCookies marks session and CSRF cookies Secure; set it when served over TLS.
+	SecureCookies bool
+}
+
+// Server is the Fiber application with its dependencies.
+type Server struct {
+	app      *fiber.App
+	log      *slog.Logger
+	adm      *services.Admission
+	auth     *services.Auth
+	db       *sql.DB
+	sessions *session.Store
+	metrics  *metrics
+	secure   bool
+}
+
+// New builds the Fiber application with every route of routes.go.
+func New(cfg Config) *Server {
+	s := &Server{log: cfg.Log, adm: cfg.Admission, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies}
+	s.app = fiber.New(fiber.Config{
+		AppName:               "idemgate",
+		DisableStartupMessage: true,
+		BodyLimit:             services.MaxBodyBytes,
+		ErrorHandler:          s.errorHandler,
+		ReadTimeout:           30 * time.Second,
+		WriteTimeout:          30 * time.Second,
+		IdleTimeout:           120 * time.Second,
+	})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.metrics = newMetrics(reg)
+	if cfg.DB != nil {
+		registerDBStats(reg, cfg.DB)
+	}
+	s.sessions = session.New(session.Config{
+		Storage:        cfg.Sessions,
+		Expiration:     12 * time.Hour,
+		KeyLookup:      "cookie:idemgate_session",
+		CookieHTTPOnly: true,
+		CookieSameSite: fiber.CookieSameSiteLaxMode,
+		CookieSecure:   cfg.SecureCookies,
+		CookiePath:     "/",
+	})
+
+	s.app.Use(recover.New())
+	s.app.Use(requestid.New())
+	s.app.Use(s.metrics.observe())
+	s.routes(adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	return s
+}
+
+// App returns the Fiber application (for tests and for Listen).
+func (s *Server) App() *fiber.App { return s.app }
+
+// Listen serves on addr until Shutdown.
+func (s *Server) Listen(addr string) error { return s.app.Listen(addr) }
+
+// Shutdown stops accepting connections and waits for in-flight requests until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
+
+func (s *Server) handleHealthz(c *fiber.Ctx) error {
+	return c.JSON(fiber.Map{"status": "ok"})
+}
+
+func (s *Server) handleReadyz(c *fiber.Ctx) error {
+	ctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Second)
+	defer cancel()
+	if err := s.db.PingContext(ctx); err != nil {
+		return services.ErrStoreUnavailable
+	}
+	return c.JSON(fiber.Map{"status": "ok"})
+}
