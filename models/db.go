@@ -172,4 +172,3 @@ func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 
 // SQL returns the underlying *sql.DB (for pool statistics and health checks).
 func (d *DB) SQL() (*sql.DB, error) { return d.DB.DB() }
-
