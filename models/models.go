@@ -122,6 +122,10 @@ type Operation struct {
 	ReleasedAt      *time.Time
 	ReleaseReason   *string
 	EndedAt         *time.Time
+	// DuplicateAttempts and ConflictAttempts count the attempts answered about this operation
+	// as duplicate or conflict, kept on the row so reading them is O(1).
+	DuplicateAttempts int64
+	ConflictAttempts  int64
 }
 
 // TableName pins the table name.

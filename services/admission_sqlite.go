@@ -49,6 +49,10 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 			switch {
 			case !sameOptional(h.OperationName, in.Operation) || !sameOptional(h.Fingerprint, in.Fingerprint):
 				row.Result = models.ResultConflict
+				if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).
+					Update("conflict_attempts", gorm.Expr("conflict_attempts + 1")).Error; err != nil {
+					return err
+				}
 			case in.AttemptID != nil && h.AttemptID != nil && *h.AttemptID == *in.AttemptID:
 				if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).
 					Update("owner_token_hash", ownerHash).Error; err != nil {
@@ -57,6 +61,10 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 				row.Result, row.Readmitted = models.ResultAdmitted, true
 			default:
 				row.Result = models.ResultDuplicate
+				if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).
+					Update("duplicate_attempts", gorm.Expr("duplicate_attempts + 1")).Error; err != nil {
+					return err
+				}
 			}
 		default:
 			if k.HolderOperationID != nil {
@@ -95,13 +103,6 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 			return err
 		}
 		fillOpColumns(row, &op)
-		if op.ID != opID {
-			counts, err := attemptCounts(tx, []string{op.ID})
-			if err != nil {
-				return err
-			}
-			row.OpDuplicateAttempts, row.OpConflictAttempts = counts[op.ID].duplicates, counts[op.ID].conflicts
-		}
 		return nil
 	})
 }
@@ -135,6 +136,7 @@ func fillOpColumns(row *acquireRow, op *models.Operation) {
 	row.OpOutcomeStatus, row.OpOutcomeReceipt, row.OpOutcomeResponse = op.OutcomeStatus, op.OutcomeReceipt, op.OutcomeResponse
 	row.OpOutcomeNote, row.OpOutcomeBy, row.OpOutcomeAt = op.OutcomeNote, op.OutcomeBy, op.OutcomeAt
 	row.OpReleasedAt, row.OpReleaseReason = op.ReleasedAt, op.ReleaseReason
+	row.OpDuplicateAttempts, row.OpConflictAttempts = op.DuplicateAttempts, op.ConflictAttempts
 }
 
 func sameOptional(a, b *string) bool {
@@ -142,35 +144,4 @@ func sameOptional(a, b *string) bool {
 		return a == nil && b == nil
 	}
 	return *a == *b
-}
-
-type attemptCount struct{ duplicates, conflicts int64 }
-
-// attemptCounts returns the duplicate and conflict attempt counts of each operation in ids.
-func attemptCounts(tx *gorm.DB, ids []string) (map[string]attemptCount, error) {
-	out := make(map[string]attemptCount, len(ids))
-	if len(ids) == 0 {
-		return out, nil
-	}
-	var rows []struct {
-		OperationID string
-		Result      string
-		N           int64
-	}
-	err := tx.Model(&models.Attempt{}).Select("operation_id, result, count(*) AS n").
-		Where("operation_id IN ? AND result IN ?", ids, []string{models.ResultDuplicate, models.ResultConflict}).
-		Group("operation_id, result").Scan(&rows).Error
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range rows {
-		c := out[r.OperationID]
-		if r.Result == models.ResultDuplicate {
-			c.duplicates = r.N
-		} else {
-			c.conflicts = r.N
-		}
-		out[r.OperationID] = c
-	}
-	return out, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/idemgate/idemgate/models"
 	"golang.org/x/crypto/bcrypt"
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 )
 
 // Auth authenticates API keys and operators and manages both.
@@ -47,8 +48,11 @@ const lastUsedEvery = time.Minute
 // MinPasswordChars is the shortest operator password accepted (SPEC.md §7).
 const MinPasswordChars = 12
 
-// NewAuth returns an Auth over db.
+// NewAuth returns an Auth over db; log may be nil (nothing is logged).
 func NewAuth(db *models.DB, log *slog.Logger) *Auth {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return &Auth{db: db, log: log, cache: map[string]cachedKey{}}
 }
 
@@ -155,12 +159,14 @@ func secretPrefix(secret string) string {
 }
 
 func (a *Auth) ensureTenant(tx *gorm.DB, name string) (*models.Tenant, error) {
+	// Insert-or-nothing, then read: two instances bootstrapping at once both end up with the
+	// one tenant row instead of one failing on the unique name.
+	if err := tx.Clauses(clause.OnConflict{DoNothing: true}).
+		Create(&models.Tenant{Name: name, CreatedAt: time.Now().UTC()}).Error; err != nil {
+		return nil, err
+	}
 	var t models.Tenant
 	err := tx.Where("name = ?", name).Take(&t).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		t = models.Tenant{Name: name, CreatedAt: time.Now().UTC()}
-		err = tx.Create(&t).Error
-	}
 	return &t, err
 }
 
@@ -315,6 +321,9 @@ func (a *Auth) Bootstrap(ctx context.Context, adminPassword, apiKey string) (*Bo
 	}
 	if n == 0 {
 		secret, err := a.CreateAPIKey(ctx, DefaultTenant, "bootstrap", apiKey)
+		if errors.Is(err, gorm.ErrDuplicatedKey) {
+			return res, nil // another instance stored the same supplied key first
+		}
 		if err != nil {
 			return nil, fmt.Errorf("bootstrap API key (IDEMGATE_BOOTSTRAP_API_KEY): %w", err)
 		}

@@ -125,8 +125,10 @@ func IsUnavailable(err error) bool {
 		if len(pe.Code) == 5 && pe.Code[:2] == "08" {
 			return true
 		}
+		// 40001/40P01: serialization failure or deadlock victim; nothing was changed and the
+		// same request may succeed when retried.
 		switch pe.Code {
-		case "57P01", "57P02", "57P03", "53300":
+		case "57P01", "57P02", "57P03", "53300", "40001", "40P01":
 			return true
 		}
 	}

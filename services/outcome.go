@@ -73,16 +73,29 @@ func (in *OutcomeInput) validate() (json.RawMessage, error) {
 // ErrPayloadTooLarge (response over 64 KiB; nothing changes), ErrInvalidTransition,
 // ErrStoreUnavailable.
 func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, in OutcomeInput) (*Operation, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	u, perr := uuid.Parse(id)
+	if perr != nil {
 		return nil, ErrNotFound
 	}
+	id = u.String() // the stored spelling: PostgreSQL would match others, SQLite would not
 	var out *Operation
 	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var op models.Operation
-		err := a.forUpdate(tx).Where("id = ? AND tenant_id = ?", id, p.TenantID).Take(&op).Error
+		err := tx.Where("id = ? AND tenant_id = ?", id, p.TenantID).Take(&op).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
 			return ErrNotFound
 		} else if err != nil {
+			return err
+		}
+		// Lock in the order acquire, release and the reaper use (key row, then operation), so a
+		// release-with-outcome racing a takeover of the same key cannot deadlock.
+		if in.Release {
+			if err := a.forUpdate(tx).Where("tenant_id = ? AND key = ?", p.TenantID, op.Key).
+				Take(&models.IdemKey{}).Error; err != nil {
+				return err
+			}
+		}
+		if err := a.forUpdate(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
 		}
 		if !secretMatches(in.OwnerToken, op.OwnerTokenHash) {

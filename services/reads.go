@@ -22,13 +22,13 @@ const (
 )
 
 // operationFromModel maps a stored operation to the API's operation object.
-func operationFromModel(m *models.Operation, held bool, c attemptCount) Operation {
+func operationFromModel(m *models.Operation, held bool) Operation {
 	op := Operation{
 		ID: m.ID, Key: m.Key, Operation: m.OperationName, State: m.State, StateReason: m.StateReason,
 		FencingToken: m.FencingToken, CorrelationID: m.CorrelationID, Fingerprint: m.Fingerprint,
 		Metadata: rawJSON(m.Metadata), AcquiredAt: m.AcquiredAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Held: held,
 		ReleasedAt: utcPtr(m.ReleasedAt), ReleaseReason: m.ReleaseReason,
-		DuplicateAttempts: c.duplicates, ConflictAttempts: c.conflicts,
+		DuplicateAttempts: m.DuplicateAttempts, ConflictAttempts: m.ConflictAttempts,
 	}
 	if m.OutcomeStatus != nil {
 		op.Outcome = &Outcome{Status: *m.OutcomeStatus, Receipt: m.OutcomeReceipt, Response: rawJSON(m.OutcomeResponse),
@@ -53,11 +53,7 @@ func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Oper
 		Count(&held).Error; err != nil {
 		return nil, err
 	}
-	counts, err := attemptCounts(tx, []string{m.ID})
-	if err != nil {
-		return nil, err
-	}
-	op := operationFromModel(&m, held > 0, counts[m.ID])
+	op := operationFromModel(&m, held > 0)
 	return &op, nil
 }
 
@@ -65,9 +61,11 @@ func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Oper
 // (SPEC.md §4). Errors: ErrNotFound (also for a malformed id or another tenant's operation, so
 // existence does not leak), ErrStoreUnavailable.
 func (a *Admission) GetOperation(ctx context.Context, tenantID int64, id string) (*OperationDetail, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	u, err := uuid.Parse(id)
+	if err != nil {
 		return nil, ErrNotFound
 	}
+	id = u.String() // the stored spelling: PostgreSQL would match others, SQLite would not
 	tx := a.db.WithContext(ctx)
 	now, err := a.db.Now(ctx, tx)
 	if err != nil {
@@ -144,6 +142,14 @@ type KeyPage struct {
 // ListKeys lists p's tenant's keys newest acquisition first with keyset pagination (SPEC.md
 // §4). Errors: ErrInvalidRequest (bad limit, state or cursor), ErrStoreUnavailable.
 func (a *Admission) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (*KeyPage, error) {
+	page, _, _, err := a.listKeys(ctx, &tenantID, f)
+	return page, err
+}
+
+// listKeys is ListKeys over one tenant, or over every tenant when tenantID is nil (the
+// dashboard's global accounts). Besides the page it returns the key rows in page order, for
+// callers that need more of each row, and the database time the holds were judged at.
+func (a *Admission) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*KeyPage, []models.IdemKey, time.Time, error) {
 	var fe []FieldError
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
@@ -164,10 +170,13 @@ func (a *Admission) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (
 		fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
 	}
 	if len(fe) > 0 {
-		return nil, invalid(fe...)
+		return nil, nil, time.Time{}, invalid(fe...)
 	}
 	tx := a.db.WithContext(ctx)
-	q := tx.Model(&models.IdemKey{}).Where("idem_keys.tenant_id = ?", tenantID)
+	q := tx.Model(&models.IdemKey{})
+	if tenantID != nil {
+		q = q.Where("idem_keys.tenant_id = ?", *tenantID)
+	}
 	if f.State != "" || f.Operation != "" {
 		q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
 		if f.State != "" {
@@ -183,7 +192,7 @@ func (a *Admission) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (
 	var ks []models.IdemKey
 	if err := q.Select("idem_keys.*").Order("idem_keys.acquired_at DESC, idem_keys.id DESC").
 		Limit(f.Limit + 1).Find(&ks).Error; err != nil {
-		return nil, storeError("list keys", err)
+		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
 	page := &KeyPage{}
 	if len(ks) > f.Limit {
@@ -193,13 +202,13 @@ func (a *Admission) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (
 	}
 	now, err := a.db.Now(ctx, tx)
 	if err != nil {
-		return nil, storeError("list keys", err)
+		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
 	page.Items, err = a.keyViews(tx, ks, now)
 	if err != nil {
-		return nil, storeError("list keys", err)
+		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
-	return page, nil
+	return page, ks, now, nil
 }
 
 func validState(s string) bool {
@@ -226,10 +235,6 @@ func (a *Admission) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([
 			ops[ms[i].ID] = &ms[i]
 		}
 	}
-	counts, err := attemptCounts(tx, ids)
-	if err != nil {
-		return nil, err
-	}
 	out := make([]KeyView, 0, len(ks))
 	for _, k := range ks {
 		held := k.HolderOperationID != nil && k.ExpiresAt != nil && k.ExpiresAt.After(now)
@@ -238,7 +243,7 @@ func (a *Admission) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([
 			v.ExpiresAt = utcPtr(k.ExpiresAt)
 		}
 		if m, ok := ops[k.LastOperationID]; ok {
-			op := operationFromModel(m, held && *k.HolderOperationID == m.ID, counts[m.ID])
+			op := operationFromModel(m, held && *k.HolderOperationID == m.ID)
 			v.Operation = &op
 		}
 		out = append(out, v)

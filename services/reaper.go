@@ -30,10 +30,13 @@ type Reaper struct {
 }
 
 // NewReaper returns a Reaper over db that purges evidence older than retention (0 means
-// DefaultRetention).
+// DefaultRetention). log may be nil.
 func NewReaper(db *models.DB, log *slog.Logger, retention time.Duration) *Reaper {
 	if retention <= 0 {
 		retention = DefaultRetention
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	return &Reaper{db: db, log: log, retention: retention}
 }

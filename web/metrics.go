@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -49,7 +50,8 @@ func (m *metrics) observe() fiber.Handler {
 				status = fe.Code
 			}
 		}
-		m.requests.WithLabelValues(c.Route().Path, c.Method(), strconv.Itoa(status)).Observe(time.Since(start).Seconds())
+		// Fiber reuses the method buffer after the handler; copy it before it outlives the request.
+		m.requests.WithLabelValues(c.Route().Path, utils.CopyString(c.Method()), strconv.Itoa(status)).Observe(time.Since(start).Seconds())
 		return err
 	}
 }

@@ -119,7 +119,7 @@ func create() (*Set, func(), error) {
 		opts models.OpenOptions
 		dst  **models.DB
 	}{
-		{models.OpenOptions{DatabaseURL: pgURL, MaxConns: 32}, &s.Postgres},
+		{models.OpenOptions{DatabaseURL: pgURL, MaxConns: 16}, &s.Postgres},
 		{models.OpenOptions{SQLitePath: s.SQLitePath}, &s.SQLite},
 	} {
 		db, err := models.Open(ctx, o.opts)

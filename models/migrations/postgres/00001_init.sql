@@ -51,6 +51,8 @@ CREATE TABLE idem_keys (
   UNIQUE (tenant_id, key)
 );
 CREATE INDEX idem_keys_tenant_acquired ON idem_keys (tenant_id, acquired_at DESC, id DESC);
+-- The dashboard's global accounts list all tenants newest first with the same keyset.
+CREATE INDEX idem_keys_acquired ON idem_keys (acquired_at DESC, id DESC);
 CREATE INDEX idem_keys_expiring ON idem_keys (expires_at) WHERE holder_operation_id IS NOT NULL;
 
 CREATE TABLE operations (
@@ -77,9 +79,14 @@ CREATE TABLE operations (
   released_at      timestamptz,
   release_reason   text,
   ended_at         timestamptz,
+  -- Counted here rather than from attempts so a duplicate's answer stays O(1) however often a
+  -- key is retried.
+  duplicate_attempts bigint NOT NULL DEFAULT 0,
+  conflict_attempts  bigint NOT NULL DEFAULT 0,
   UNIQUE (tenant_id, key, fencing_token)
 );
-CREATE INDEX operations_state ON operations (tenant_id, state);
+-- Partial: only operations needing reconciliation are indexed, so the hot insert path pays nothing.
+CREATE INDEX operations_uncertain ON operations (tenant_id) WHERE state = 'uncertain';
 CREATE INDEX operations_ended ON operations (ended_at) WHERE ended_at IS NOT NULL;
 
 -- Every acquire call, whatever its result (SPEC.md §1.5). operation_id is the operation the
@@ -97,9 +104,8 @@ CREATE TABLE attempts (
   caller         text        NOT NULL DEFAULT '',
   attempted_at   timestamptz NOT NULL
 );
-CREATE INDEX attempts_operation ON attempts (operation_id, result);
+CREATE INDEX attempts_operation ON attempts (operation_id);
 CREATE INDEX attempts_tenant_id ON attempts (tenant_id, id DESC);
-CREATE INDEX attempts_attempted_at ON attempts (attempted_at);
 
 -- Who did what to an operation, when (SPEC.md §5 event log).
 CREATE TABLE events (

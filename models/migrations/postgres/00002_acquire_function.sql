@@ -69,9 +69,11 @@ BEGIN
             v_readmit := true;
           ELSE
             v_result := 'duplicate';
+            UPDATE operations o SET duplicate_attempts = o.duplicate_attempts + 1 WHERE o.id = v_h.id;
           END IF;
         ELSE
           v_result := 'conflict';
+          UPDATE operations o SET conflict_attempts = o.conflict_attempts + 1 WHERE o.id = v_h.id;
         END IF;
         EXIT;
       END IF;
@@ -117,17 +119,12 @@ BEGIN
   VALUES (p_tenant_id, p_key, v_op, v_result, p_attempt_id, p_operation_name, p_fingerprint,
           p_correlation_id, p_caller, v_now);
 
-  -- A new operation has no duplicates yet; skip the counts on the hot path.
   RETURN QUERY
     SELECT v_result, v_readmit, v_now, v_prev.id, v_prev.state, v_prev.fencing_token,
            v_prev.outcome_status, o.id, o.key, o.operation_name, o.fingerprint, o.correlation_id,
            o.metadata, o.state, o.state_reason, o.fencing_token, o.acquired_at, o.expires_at,
            o.outcome_status, o.outcome_receipt, o.outcome_response, o.outcome_note, o.outcome_by,
-           o.outcome_at, o.released_at, o.release_reason,
-           CASE WHEN v_op = p_operation_id THEN 0::bigint ELSE
-             (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id AND a.result = 'duplicate') END,
-           CASE WHEN v_op = p_operation_id THEN 0::bigint ELSE
-             (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id AND a.result = 'conflict') END
+           o.outcome_at, o.released_at, o.release_reason, o.duplicate_attempts, o.conflict_attempts
       FROM operations o WHERE o.id = v_op;
 END
 $$;

@@ -46,6 +46,8 @@ CREATE TABLE idem_keys (
   UNIQUE (tenant_id, key)
 );
 CREATE INDEX idem_keys_tenant_acquired ON idem_keys (tenant_id, acquired_at DESC, id DESC);
+-- The dashboard's global accounts list all tenants newest first with the same keyset.
+CREATE INDEX idem_keys_acquired ON idem_keys (acquired_at DESC, id DESC);
 CREATE INDEX idem_keys_expiring ON idem_keys (expires_at) WHERE holder_operation_id IS NOT NULL;
 
 CREATE TABLE operations (
@@ -72,9 +74,12 @@ CREATE TABLE operations (
   released_at      DATETIME,
   release_reason   TEXT,
   ended_at         DATETIME,
+  duplicate_attempts INTEGER NOT NULL DEFAULT 0,
+  conflict_attempts  INTEGER NOT NULL DEFAULT 0,
   UNIQUE (tenant_id, key, fencing_token)
 );
-CREATE INDEX operations_state ON operations (tenant_id, state);
+-- Partial: only operations needing reconciliation are indexed, so the hot insert path pays nothing.
+CREATE INDEX operations_uncertain ON operations (tenant_id) WHERE state = 'uncertain';
 CREATE INDEX operations_ended ON operations (ended_at) WHERE ended_at IS NOT NULL;
 
 CREATE TABLE attempts (
@@ -90,9 +95,8 @@ CREATE TABLE attempts (
   caller         TEXT     NOT NULL DEFAULT '',
   attempted_at   DATETIME NOT NULL
 );
-CREATE INDEX attempts_operation ON attempts (operation_id, result);
+CREATE INDEX attempts_operation ON attempts (operation_id);
 CREATE INDEX attempts_tenant_id ON attempts (tenant_id, id DESC);
-CREATE INDEX attempts_attempted_at ON attempts (attempted_at);
 
 CREATE TABLE events (
   id           INTEGER PRIMARY KEY AUTOINCREMENT,

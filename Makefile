@@ -1,0 +1,37 @@
+# idemgate — the two commands a user needs are `go run .` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+PKGS := ./...
+
+.PHONY: run test check generate bench fmt
+
+run:
+	$(GO) run .
+
+# The whole test: start PostgreSQL if needed, static checks, then every test with the race
+# detector against real PostgreSQL and SQLite databases.
+test: check
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+check:
+	.ci/postgres.sh
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+	@$(MAKE) --no-print-directory generate
+	@if ! git diff --quiet -- '*_templ.go' || [ -n "$$(git ls-files --others --exclude-standard -- '*_templ.go')" ]; then \
+	  echo "templ generate changed files: commit the generated *_templ.go"; git status --short -- '*_templ.go'; exit 1; fi
+
+generate:
+	$(GO) tool templ generate -log-level error
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# Go benchmarks, then idemgate's acquire against the floor server (../shared/bench/compare.sh),
+# both on a throwaway PostgreSQL database. Figures are ratios measured in the same run.
+bench:
+	.ci/postgres.sh
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./services/
+	.ci/bench.sh

@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadConfigDefaults(t *testing.T) {
+	c, err := LoadConfig(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:8080", c.Addr)
+	require.Equal(t, "./idemgate.db", c.SQLitePath)
+	require.Equal(t, 30*24*time.Hour, c.MaxTTL)
+	require.Equal(t, 90*24*time.Hour, c.Retention)
+	require.Equal(t, 30*time.Second, c.ReapInterval)
+	require.Equal(t, 16, c.DBMaxConns)
+}
+
+func TestLoadConfigParsesAndReportsEveryProblem(t *testing.T) {
+	c, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "7d", "IDEMGATE_RETENTION": "36h", "IDEMGATE_REAP_INTERVAL": "5"}))
+	require.NoError(t, err)
+	require.Equal(t, 7*24*time.Hour, c.MaxTTL)
+	require.Equal(t, 36*time.Hour, c.Retention)
+	require.Equal(t, 5*time.Second, c.ReapInterval)
+
+	_, err = LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "soon", "IDEMGATE_DB_MAX_CONNS": "0",
+		"IDEMGATE_BOOTSTRAP_API_KEY": "short", "IDEMGATE_ADMIN_PASSWORD": "tiny", "IDEMGATE_LOG_FORMAT": "xml"}))
+	require.Error(t, err)
+	for _, name := range []string{"IDEMGATE_MAX_TTL", "IDEMGATE_DB_MAX_CONNS", "IDEMGATE_BOOTSTRAP_API_KEY", "IDEMGATE_ADMIN_PASSWORD", "IDEMGATE_LOG_FORMAT"} {
+		require.Contains(t, err.Error(), name)
+	}
+}
+
+// FuzzParseDuration: never panics, and what it accepts is a non-negative duration.
+func FuzzParseDuration(f *testing.F) {
+	for _, s := range []string{"30d", "1.5d", "90s", "12h", "3600", "-1", "1e400d", "9223372036854775807", "d", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := parseDuration(s)
+		if err == nil && d < 0 && !strings.HasPrefix(strings.TrimSpace(s), "-") {
+			t.Fatalf("parseDuration(%q) = %v", s, d)
+		}
+	})
+}

@@ -1,0 +1,83 @@
+package services
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+)
+
+// TenantKeyView is a key as the dashboard lists it: the key and its newest operation, plus the
+// tenant it belongs to (global accounts see every tenant's keys side by side).
+type TenantKeyView struct {
+	KeyView
+	TenantID   int64
+	TenantName string
+}
+
+// OperatorKeyPage is one page of the dashboard's key list, newest acquisition first.
+// NextCursor is "" on the last page. Now is the database time the holds were judged at, so
+// the dashboard computes TTLs against the same clock that decides expiry (SPEC.md §6), not
+// against the web server's.
+type OperatorKeyPage struct {
+	Items      []TenantKeyView
+	NextCursor string
+	Now        time.Time
+}
+
+// ListKeysForOperator lists keys for a dashboard account, newest acquisition first with the
+// same keyset pagination and filters as ListKeys. tenantID nil (a global account) lists the
+// keys of every tenant; otherwise only that tenant's (SPEC.md §5). Errors: ErrInvalidRequest
+// (bad limit, state, operation or cursor), ErrStoreUnavailable.
+func (a *Admission) ListKeysForOperator(ctx context.Context, tenantID *int64, f KeyFilter) (*OperatorKeyPage, error) {
+	page, ks, now, err := a.listKeys(ctx, tenantID, f)
+	if err != nil {
+		return nil, err
+	}
+	names, err := a.tenantNames(ctx, ks)
+	if err != nil {
+		return nil, storeError("list keys", err)
+	}
+	out := &OperatorKeyPage{Items: make([]TenantKeyView, 0, len(page.Items)), NextCursor: page.NextCursor, Now: now}
+	for i, v := range page.Items {
+		// listKeys returns the rows and their views in the same order.
+		out.Items = append(out.Items, TenantKeyView{KeyView: v, TenantID: ks[i].TenantID, TenantName: names[ks[i].TenantID]})
+	}
+	return out, nil
+}
+
+// TenantName returns the name of tenant id. Errors: ErrNotFound, ErrStoreUnavailable.
+func (a *Admission) TenantName(ctx context.Context, id int64) (string, error) {
+	var ts []models.Tenant
+	if err := a.db.WithContext(ctx).Where("id = ?", id).Limit(1).Find(&ts).Error; err != nil {
+		return "", storeError("get tenant", err)
+	}
+	if len(ts) == 0 {
+		return "", ErrNotFound
+	}
+	return ts[0].Name, nil
+}
+
+// tenantNames maps the tenant ids of ks to tenant names with one query for the page.
+func (a *Admission) tenantNames(ctx context.Context, ks []models.IdemKey) (map[int64]string, error) {
+	names := map[int64]string{}
+	if len(ks) == 0 {
+		return names, nil
+	}
+	seen := map[int64]bool{}
+	ids := make([]int64, 0, 4)
+	for _, k := range ks {
+		if !seen[k.TenantID] {
+			seen[k.TenantID] = true
+			ids = append(ids, k.TenantID)
+		}
+	}
+	var ts []models.Tenant
+	if err := a.db.WithContext(ctx).Where("id IN ?", ids).Find(&ts).Error; err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		names[t.ID] = t.Name
+	}
+	return names, nil
+}

@@ -1,0 +1,50 @@
+// idemgate dashboard: live TTL countdowns. Progressive enhancement only: the server renders
+// every TTL, and this script just keeps the numbers moving. Counting starts from the
+// remaining time the server computed on the database clock, not from the browser's clock,
+// so a skewed client clock changes nothing.
+(function () {
+  "use strict";
+
+  function format(ms) {
+    var s = Math.ceil(ms / 1000);
+    if (s <= 0) return "expired";
+    var d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600);
+    var m = Math.floor((s % 3600) / 60), sec = s % 60;
+    if (d > 0) return d + "d " + h + "h";
+    if (h > 0) return h + "h " + String(m).padStart(2, "0") + "m";
+    if (m > 0) return m + "m " + String(sec).padStart(2, "0") + "s";
+    return sec + "s";
+  }
+
+  function start() {
+    var started = performance.now();
+    var els = Array.prototype.slice.call(document.querySelectorAll("[data-ttl-ms]"));
+    if (els.length === 0) return;
+    var items = els.map(function (el) {
+      return { el: el, ms: parseInt(el.getAttribute("data-ttl-ms"), 10) || 0, done: false };
+    });
+    function tick() {
+      var elapsed = performance.now() - started, live = 0;
+      items.forEach(function (it) {
+        if (it.done) return;
+        var left = it.ms - elapsed;
+        it.el.textContent = format(left);
+        if (left <= 0) {
+          it.done = true;
+          it.el.classList.remove("ttl--live");
+          it.el.classList.add("ttl--expired");
+        } else {
+          live++;
+        }
+      });
+      if (live > 0) window.setTimeout(tick, 1000 - (elapsed % 1000));
+    }
+    tick();
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();

@@ -1,0 +1,216 @@
+package web
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/views"
+)
+
+// keysPageSizes are the page sizes the Keys page offers; keysPageSize is the default.
+var keysPageSizes = []int{25, 50, 100, 200}
+
+const keysPageSize = 50
+
+// keyStates are the state filter's choices, in lifecycle order.
+var keyStates = []views.Option{
+	{Value: models.StateInProgress, Label: "In progress"},
+	{Value: models.StateUncertain, Label: "Uncertain (needs reconciliation)"},
+	{Value: models.StateSucceeded, Label: "Succeeded"},
+	{Value: models.StateFailed, Label: "Failed"},
+	{Value: models.StateReleased, Label: "Released"},
+}
+
+// keysQuery is the Keys page's query string: plain GET parameters, so filters and pages are
+// links that work without JavaScript and can be shared.
+type keysQuery struct {
+	State     string
+	Operation string
+	Limit     int
+	Cursor    string
+}
+
+// parseKeysQuery reads the query string; the string is a message for the operator when a
+// parameter is unusable. The service validates state, operation and cursor.
+func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
+	q := keysQuery{
+		State:     strings.TrimSpace(c.Query("state")),
+		Operation: strings.TrimSpace(c.Query("operation")),
+		Cursor:    c.Query("cursor"),
+		Limit:     keysPageSize,
+	}
+	if raw := c.Query("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > services.MaxListLimit {
+			return q, fmt.Sprintf("Per page must be a number from 1 to %d.", services.MaxListLimit)
+		}
+		q.Limit = n
+	}
+	return q, ""
+}
+
+// url returns the Keys page URL for q, leaving out parameters at their defaults.
+func (q keysQuery) url() string {
+	v := url.Values{}
+	if q.State != "" {
+		v.Set("state", q.State)
+	}
+	if q.Operation != "" {
+		v.Set("operation", q.Operation)
+	}
+	if q.Limit != keysPageSize {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Cursor != "" {
+		v.Set("cursor", q.Cursor)
+	}
+	if len(v) == 0 {
+		return "/keys"
+	}
+	return "/keys?" + v.Encode()
+}
+
+// handleKeysPage is GET /keys: the read-only list of keys the operator may see, newest first.
+func handleKeysPage(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		op := currentOperator(c)
+		if op == nil {
+			return redirectToLogin(c)
+		}
+		q, problem := parseKeysQuery(c)
+		if problem != "" {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
+		}
+		page, err := s.adm.ListKeysForOperator(c.UserContext(), op.TenantID, services.KeyFilter{
+			State: q.State, Operation: q.Operation, Limit: q.Limit, Cursor: q.Cursor,
+		})
+		var de *services.Error
+		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, filterProblem(de))
+		} else if err != nil {
+			return err
+		}
+		nav, err := s.navFor(c, op, "keys")
+		if err != nil {
+			return err
+		}
+		props := views.KeysProps{
+			Nav:        nav,
+			ShowTenant: op.TenantID == nil,
+			Filter: views.KeysFilter{
+				State: q.State, Operation: q.Operation, Limit: strconv.Itoa(q.Limit),
+				States: keyStates, Limits: pageSizeOptions(q.Limit),
+				Active: q.State != "" || q.Operation != "",
+			},
+			Rows: make([]views.KeyRow, 0, len(page.Items)),
+		}
+		for _, it := range page.Items {
+			props.Rows = append(props.Rows, keyRow(it, page.Now))
+		}
+		if q.Cursor != "" {
+			first := q
+			first.Cursor = ""
+			props.NewestURL = first.url()
+		}
+		if page.NextCursor != "" {
+			older := q
+			older.Cursor = page.NextCursor
+			props.OlderURL = older.url()
+		}
+		return render(c, fiber.StatusOK, views.KeysPage(props))
+	}
+}
+
+// filterProblem turns a refused filter into one sentence for the error page.
+func filterProblem(de *services.Error) string {
+	if len(de.Fields) == 0 {
+		return de.Message
+	}
+	parts := make([]string, 0, len(de.Fields))
+	for _, f := range de.Fields {
+		parts = append(parts, f.Field+" "+f.Message)
+	}
+	return "The filter is not valid: " + strings.Join(parts, "; ") + "."
+}
+
+func pageSizeOptions(current int) []views.Option {
+	opts := make([]views.Option, 0, len(keysPageSizes)+1)
+	known := false
+	for _, n := range keysPageSizes {
+		known = known || n == current
+		opts = append(opts, views.Option{Value: strconv.Itoa(n), Label: strconv.Itoa(n)})
+	}
+	if !known { // a hand-written ?limit= stays selected
+		opts = append(opts, views.Option{Value: strconv.Itoa(current), Label: strconv.Itoa(current)})
+	}
+	return opts
+}
+
+// keyRow formats one key for the table. now is the database time the page was read at.
+func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
+	r := views.KeyRow{
+		Key:           v.Key,
+		Tenant:        v.TenantName,
+		AcquiredAt:    v.AcquiredAt.UTC().Format("2006-01-02 15:04:05"),
+		AcquiredAtISO: v.AcquiredAt.UTC().Format(time.RFC3339),
+		FencingToken:  "—",
+		Duplicates:    "0",
+		TTL:           "—",
+		TTLKind:       views.TTLNone,
+	}
+	if v.TenantName == "" {
+		r.Tenant = "#" + strconv.FormatInt(v.TenantID, 10)
+	}
+	op := v.Operation
+	if op != nil {
+		r.State = op.State
+		r.FencingToken = strconv.FormatInt(op.FencingToken, 10)
+		r.Duplicates = strconv.FormatInt(op.DuplicateAttempts, 10)
+		if op.Operation != nil {
+			r.Operation = *op.Operation
+		}
+		switch op.ConflictAttempts {
+		case 0:
+		case 1:
+			r.Conflicts = "+1 conflict"
+		default:
+			r.Conflicts = "+" + strconv.FormatInt(op.ConflictAttempts, 10) + " conflicts"
+		}
+	}
+	switch {
+	case v.Held && v.ExpiresAt != nil && v.ExpiresAt.After(now):
+		left := v.ExpiresAt.Sub(now)
+		r.TTL, r.TTLKind, r.TTLMillis = formatTTL(left), views.TTLLive, strconv.FormatInt(left.Milliseconds(), 10)
+	case op != nil && op.State != models.StateReleased:
+		// The hold ran out; a released key simply has none.
+		r.TTL, r.TTLKind = "expired", views.TTLExpired
+	}
+	return r
+}
+
+// formatTTL renders time left the way static/app.js does: "42s", "4m 12s", "3h 05m", "2d 4h".
+func formatTTL(d time.Duration) string {
+	secs := int64(math.Ceil(d.Seconds()))
+	if secs <= 0 {
+		return "expired"
+	}
+	days, hours := secs/86400, secs%86400/3600
+	mins, s := secs%3600/60, secs%60
+	switch {
+	case days > 0:
+		return fmt.Sprintf("%dd %dh", days, hours)
+	case hours > 0:
+		return fmt.Sprintf("%dh %02dm", hours, mins)
+	case mins > 0:
+		return fmt.Sprintf("%dm %02ds", mins, s)
+	}
+	return fmt.Sprintf("%ds", s)
+}

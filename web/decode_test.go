@@ -1,0 +1,57 @@
+package web
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/idemgate/idemgate/services"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDecodeJSONRefusesCoercion(t *testing.T) {
+	for body, field := range map[string]string{
+		`{"key":"a","ttl_seconds":"60"}`: "ttl_seconds",
+		`{"key":"a","ttl_seconds":true}`: "ttl_seconds",
+		`{"key":["a"],"ttl_seconds":1}`:  "key",
+		`{"key":"a","ttl_seconds":1e99}`: "ttl_seconds",
+		`{"key":"a","extra":1}`:          "extra",
+	} {
+		var req acquireRequest
+		err := decodeJSON([]byte(body), &req)
+		var de *services.Error
+		require.True(t, errors.As(err, &de), body)
+		require.Equal(t, services.CodeInvalidRequest, de.Code)
+		require.Len(t, de.Fields, 1, body)
+		require.Equal(t, field, de.Fields[0].Field, body)
+	}
+	var req acquireRequest
+	require.NoError(t, decodeJSON([]byte(` {"key":"a","ttl_seconds":60,"metadata":{"a":[1]}} `), &req))
+	require.Equal(t, "a", *req.Key)
+	require.EqualValues(t, 60, *req.TTLSeconds)
+	require.JSONEq(t, `{"a":[1]}`, string(req.Metadata))
+}
+
+// FuzzDecodeAcquire feeds arbitrary bodies to the acquire decoder: it never panics, every
+// failure is an invalid_request domain error (so the client gets a 400, never a 500), and a
+// body it accepts is valid JSON.
+func FuzzDecodeAcquire(f *testing.F) {
+	for _, s := range []string{`{"key":"a","ttl_seconds":60}`, `{"metadata":{"x":[1,2,{"y":null}]}}`, `[]`, `{"key":1}`,
+		`{"ttl_seconds":"1"}`, `{"a":1}`, `{`, `{"key":"\u0000"}`, `{} {}`, "\xff", `{"fingerprint":null}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var req acquireRequest
+		err := decodeJSON(body, &req)
+		if err != nil {
+			var de *services.Error
+			if !errors.As(err, &de) || de.Code != services.CodeInvalidRequest {
+				t.Fatalf("decode error is not invalid_request: %v", err)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+	})
+}

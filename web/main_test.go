@@ -1,0 +1,35 @@
+package web
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/idemgate/idemgate/services"
+)
+
+// dbs is the package's real databases, PostgreSQL and SQLite (no mocks).
+var dbs *modeltest.Set
+
+func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
+
+// newTestServer builds the whole HTTP layer over db with real services, as cli/serve.go does,
+// logging nowhere.
+func newTestServer(t *testing.T, db *models.DB) *Server {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sqlDB, err := db.SQL()
+	if err != nil {
+		t.Fatalf("sql DB: %v", err)
+	}
+	return New(Config{
+		Admission: services.NewAdmission(db, log, 0),
+		Auth:      services.NewAuth(db, log),
+		Log:       log,
+		DB:        sqlDB,
+		Sessions:  NewSessionStorage(db),
+	})
+}
