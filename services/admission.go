@@ -169,7 +169,7 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	return acq, nil
 }
 
-const acquireSQL = `SELECT * FROM idemgate_acquire(?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?, ?::uuid, ?)`
+const acquireSQL = `SELECT * FROM idemgate_acquire(?, ?, ?, ?, ?, ?, ?::json, ?, ?, ?::uuid, ?)`
 
 func (a *Admission) acquirePostgres(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
 	res := a.db.WithContext(ctx).Raw(acquireSQL,

@@ -76,8 +76,6 @@ var (
 	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable, Message: "The database is unavailable; retry later."}
 )
 
-func newError(code, msg string) *Error { return &Error{Code: code, Message: msg} }
-
 func invalid(fields ...FieldError) *Error {
 	return &Error{Code: CodeInvalidRequest, Message: "The request has invalid fields.", Fields: fields}
 }

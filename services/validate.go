@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -73,9 +74,10 @@ func validateText(s string, max int, allowEmpty bool) string {
 	return ""
 }
 
-// validateJSON checks a raw JSON value: well-formed, object-only when wantObject, and free of
-// NUL characters in strings and member names (PostgreSQL's jsonb refuses \u0000). It returns the
-// compacted form, which is what is stored and what size limits are measured on.
+// validateJSON checks a raw JSON value: well-formed, valid UTF-8 (neither database stores
+// anything else as text), and an object when wantObject. It returns the compacted form, which
+// is what is stored, replayed and measured against size limits. PostgreSQL stores it in a json
+// (not jsonb) column, so any value encoding/json accepts round-trips unchanged on both dialects.
 func validateJSON(raw json.RawMessage, wantObject bool) (json.RawMessage, string) {
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
@@ -85,43 +87,40 @@ func validateJSON(raw json.RawMessage, wantObject bool) (json.RawMessage, string
 	if wantObject && (len(out) == 0 || out[0] != '{') {
 		return nil, "must be a JSON object"
 	}
-	if bytes.Contains(out, []byte(`\u0000`)) {
-		dec := json.NewDecoder(bytes.NewReader(out))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			return nil, "must be valid JSON"
-		}
-		if hasNUL(v) {
-			return nil, "must not contain NUL characters (\\u0000)"
-		}
+	if !utf8.Valid(out) {
+		return nil, "must be valid UTF-8"
 	}
 	return out, ""
 }
 
-func hasNUL(v any) bool {
-	switch t := v.(type) {
-	case string:
-		return strings.IndexByte(t, 0) >= 0
-	case []any:
-		for _, e := range t {
-			if hasNUL(e) {
-				return true
-			}
+// splitNumber splits a valid JSON number into its sign, integer digits, fraction digits and
+// exponent; ok is false if the exponent does not fit in 9 digits.
+func splitNumber(n string) (neg bool, intPart, frac string, exp int, ok bool) {
+	if neg = strings.HasPrefix(n, "-"); neg {
+		n = n[1:]
+	}
+	mant, e, hasExp := strings.Cut(strings.ToLower(n), "e")
+	intPart, frac, _ = strings.Cut(mant, ".")
+	if hasExp {
+		e = strings.TrimPrefix(e, "+")
+		digits := strings.TrimLeft(strings.TrimPrefix(e, "-"), "0")
+		if len(digits) > 9 {
+			return neg, intPart, frac, 0, false
 		}
-	case map[string]any:
-		for k, e := range t {
-			if strings.IndexByte(k, 0) >= 0 || hasNUL(e) {
-				return true
-			}
+		if digits != "" {
+			exp, _ = strconv.Atoi(digits)
+		}
+		if strings.HasPrefix(e, "-") {
+			exp = -exp
 		}
 	}
-	return false
+	return neg, intPart, frac, exp, true
 }
 
 // canonicalJSON returns v re-encoded with sorted member names and no insignificant space, so
 // that two encodings of the same value compare equal (used for "the same outcome again",
-// SPEC.md §4). Numbers keep their digits.
+// SPEC.md §4). Numbers are compared by value (1e2, 100 and 100.0 are equal), as jsonb stores
+// them normalised: PostgreSQL hands back 100 for a stored 1e2.
 func canonicalJSON(raw []byte) string {
 	if raw == nil {
 		return ""
@@ -132,9 +131,45 @@ func canonicalJSON(raw []byte) string {
 	if err := dec.Decode(&v); err != nil {
 		return string(raw)
 	}
-	out, err := json.Marshal(v)
+	out, err := json.Marshal(canonicalNumbers(v))
 	if err != nil {
 		return string(raw)
 	}
 	return string(out)
+}
+
+// canonicalNumbers replaces every number in v by one spelling of its value: significant digits
+// without leading or trailing zeros, then a decimal exponent if not zero ("15e-1" for 1.50).
+func canonicalNumbers(v any) any {
+	switch t := v.(type) {
+	case json.Number:
+		neg, intPart, frac, exp, ok := splitNumber(string(t))
+		if !ok {
+			return t
+		}
+		digits := strings.TrimLeft(intPart+frac, "0")
+		exp -= len(frac)
+		for strings.HasSuffix(digits, "0") {
+			digits, exp = digits[:len(digits)-1], exp+1
+		}
+		if digits == "" {
+			return json.Number("0")
+		}
+		if neg {
+			digits = "-" + digits
+		}
+		if exp != 0 {
+			digits += "e" + strconv.Itoa(exp)
+		}
+		return json.Number(digits)
+	case []any:
+		for i := range t {
+			t[i] = canonicalNumbers(t[i])
+		}
+	case map[string]any:
+		for k := range t {
+			t[k] = canonicalNumbers(t[k])
+		}
+	}
+	return v
 }

@@ -108,7 +108,7 @@ func acquire(c *apiClient, key string, extra map[string]any) apiResult {
 func TestAPIAcquireStatusCodes(t *testing.T) {
 	eachServer(t, func(t *testing.T, s *Server) {
 		c := newTenantClient(t, s)
-		res := acquire(c, "k1", map[string]any{"operation": "charge", "fingerprint": "f1", "metadata": map[string]any{"x": 1}})
+		res := acquire(c, "k1", map[string]any{"operation": "charge", "fingerprint": "holder-fp-7d1e", "metadata": map[string]any{"x": 1}})
 		require.Equal(t, 201, res.status, res.raw)
 		require.Equal(t, true, res.body["admitted"])
 		require.EqualValues(t, 1, res.body["fencing_token"])
@@ -118,7 +118,7 @@ func TestAPIAcquireStatusCodes(t *testing.T) {
 		require.NoError(t, err)
 		require.NotContains(t, res.raw, "previous_operation")
 
-		dup := acquire(c, "k1", map[string]any{"operation": "charge", "fingerprint": "f1"})
+		dup := acquire(c, "k1", map[string]any{"operation": "charge", "fingerprint": "holder-fp-7d1e"})
 		require.Equal(t, 200, dup.status, dup.raw)
 		require.Equal(t, false, dup.body["admitted"])
 		op := dup.body["operation"].(map[string]any)
@@ -128,8 +128,8 @@ func TestAPIAcquireStatusCodes(t *testing.T) {
 		require.NotContains(t, dup.raw, "owner_token_hash")
 
 		conflict := problemOf(t, acquire(c, "k1", map[string]any{"operation": "charge", "fingerprint": "f2"}), 422, "fingerprint_mismatch")
-		require.NotContains(t, conflict.raw, "f1", "the holder's fingerprint is not revealed")
-		problemOf(t, acquire(c, "k1", map[string]any{"operation": "refund", "fingerprint": "f1"}), 422, "fingerprint_mismatch")
+		require.NotContains(t, conflict.raw, "holder-fp-7d1e", "the holder's fingerprint is not revealed")
+		problemOf(t, acquire(c, "k1", map[string]any{"operation": "refund", "fingerprint": "holder-fp-7d1e"}), 422, "fingerprint_mismatch")
 	})
 }
 

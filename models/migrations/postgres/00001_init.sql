@@ -63,7 +63,9 @@ CREATE TABLE operations (
   fingerprint      text,
   correlation_id   text,
   attempt_id       text,
-  metadata         jsonb,
+  -- json, not jsonb: stored text is replayed exactly as the client sent it (member order, number
+  -- spelling), and json accepts everything encoding/json does (\u0000, lone surrogates, 1e999999).
+  metadata         json,
   state            text        NOT NULL CHECK (state IN ('in_progress', 'succeeded', 'failed', 'uncertain', 'released')),
   state_reason     text,
   fencing_token    bigint      NOT NULL,
@@ -72,7 +74,7 @@ CREATE TABLE operations (
   expires_at       timestamptz NOT NULL,
   outcome_status   text,
   outcome_receipt  text,
-  outcome_response jsonb,
+  outcome_response json,
   outcome_note     text,
   outcome_by       text,
   outcome_at       timestamptz,

@@ -15,15 +15,15 @@
 -- +goose StatementBegin
 CREATE FUNCTION idemgate_acquire(
   p_tenant_id bigint, p_key text, p_ttl_seconds integer, p_operation_name text,
-  p_fingerprint text, p_correlation_id text, p_metadata jsonb, p_attempt_id text,
+  p_fingerprint text, p_correlation_id text, p_metadata json, p_attempt_id text,
   p_caller text, p_operation_id uuid, p_owner_token_hash text)
 RETURNS TABLE (
   result text, readmitted boolean, db_now timestamptz,
   prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
   op_id uuid, op_key text, op_operation_name text, op_fingerprint text, op_correlation_id text,
-  op_metadata jsonb, op_state text, op_state_reason text, op_fencing_token bigint,
+  op_metadata json, op_state text, op_state_reason text, op_fencing_token bigint,
   op_acquired_at timestamptz, op_expires_at timestamptz, op_outcome_status text,
-  op_outcome_receipt text, op_outcome_response jsonb, op_outcome_note text, op_outcome_by text,
+  op_outcome_receipt text, op_outcome_response json, op_outcome_note text, op_outcome_by text,
   op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
   op_duplicate_attempts bigint, op_conflict_attempts bigint)
 LANGUAGE plpgsql VOLATILE AS $$

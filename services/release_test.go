@@ -1,0 +1,225 @@
+package services
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/stretchr/testify/require"
+)
+
+func TestReleaseByOwner(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		acq := mustAcquire(t, b, "rel/ok", 60)
+		_, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "rel/ok", TTLSeconds: 60}) // a duplicate
+		require.NoError(t, err)
+
+		op, err := b.adm.Release(bg, b.p, ReleaseInput{Key: "rel/ok", OwnerToken: acq.OwnerToken, Reason: ptr("job cancelled")})
+		require.NoError(t, err)
+		require.Equal(t, acq.OperationID, op.ID)
+		require.Equal(t, models.StateReleased, op.State)
+		require.False(t, op.Held)
+		require.NotNil(t, op.ReleasedAt)
+		require.Equal(t, "job cancelled", deref(op.ReleaseReason))
+		require.Nil(t, op.Outcome)
+		require.EqualValues(t, 1, op.DuplicateAttempts)
+		require.EqualValues(t, 1, op.FencingToken)
+
+		k, err := b.adm.GetKey(bg, b.p.TenantID, "rel/ok")
+		require.NoError(t, err)
+		require.False(t, k.Held)
+		require.Nil(t, k.ExpiresAt)
+		require.Equal(t, acq.OperationID, k.Operation.ID)
+		require.Equal(t, models.StateReleased, k.Operation.State)
+		row := keyRow(t, b, "rel/ok")
+		require.Nil(t, row.HolderOperationID)
+		require.Nil(t, row.ExpiresAt)
+
+		d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
+		require.NoError(t, err)
+		require.Len(t, d.Events, 1)
+		require.Equal(t, EventReleased, d.Events[0].Kind)
+		require.Equal(t, "api:"+b.p.Prefix, d.Events[0].Actor)
+		require.Equal(t, "in_progress -> released: job cancelled", d.Events[0].Detail)
+
+		// Releasing again: the key is free now.
+		before := snapshot(t, b, acq.OperationID)
+		_, err = release(b, acq)
+		require.ErrorIs(t, err, ErrKeyNotHeld)
+		require.Equal(t, before, snapshot(t, b, acq.OperationID))
+	})
+}
+
+func TestReleaseRefusalsChangeNothing(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		// Wrong token.
+		acq := mustAcquire(t, b, "rel-wrong", 60)
+		other := mustAcquire(t, b, "rel-other", 60)
+		before := snapshot(t, b, acq.OperationID)
+		for _, tok := range []string{"ot_wrong", other.OwnerToken, acq.OwnerToken + "x"} {
+			_, err := b.adm.Release(bg, b.p, ReleaseInput{Key: "rel-wrong", OwnerToken: tok})
+			require.ErrorIs(t, err, ErrNotOwner)
+		}
+		require.Equal(t, before, snapshot(t, b, acq.OperationID))
+
+		// A wrong token is not_owner even when the state would also refuse.
+		succ := intoState(t, b, "rel-succ-wrong", "succeeded")
+		before = snapshot(t, b, succ.OperationID)
+		_, err := b.adm.Release(bg, b.p, ReleaseInput{Key: "rel-succ-wrong", OwnerToken: other.OwnerToken})
+		require.ErrorIs(t, err, ErrNotOwner)
+		_, err = release(b, succ)
+		require.ErrorIs(t, err, ErrEffectConfirmed)
+		require.Equal(t, before, snapshot(t, b, succ.OperationID))
+
+		// Uncertain (recorded by the caller): reconcile first.
+		unc := intoState(t, b, "rel-unc", "uncertain")
+		before = snapshot(t, b, unc.OperationID)
+		_, err = release(b, unc)
+		require.ErrorIs(t, err, ErrOutcomeUncertain)
+		require.Equal(t, before, snapshot(t, b, unc.OperationID))
+
+		// Never acquired in this tenant.
+		c := countRows(t, b)
+		_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: "never-acquired", OwnerToken: acq.OwnerToken})
+		require.ErrorIs(t, err, ErrKeyNotHeld)
+		require.Equal(t, c, countRows(t, b))
+
+		// Malformed input is invalid_request and writes nothing.
+		for _, in := range []ReleaseInput{
+			{Key: "", OwnerToken: acq.OwnerToken},
+			{Key: "rel-wrong", OwnerToken: ""},
+			{Key: "rel-wrong", OwnerToken: acq.OwnerToken, Reason: ptr(strings.Repeat("r", MaxReasonChars+1))},
+			{Key: "bad\x00key", OwnerToken: acq.OwnerToken},
+		} {
+			_, err := b.adm.Release(bg, b.p, in)
+			require.ErrorIs(t, err, ErrInvalidRequest)
+		}
+		require.Equal(t, c, countRows(t, b))
+		require.Equal(t, models.StateInProgress, opRow(t, b, acq.OperationID).State)
+	})
+}
+
+// SPEC.md §1.3: a late release after expiry, or after another attempt acquired the key, changes
+// nothing.
+func TestLateRelease(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		expired := mustAcquire(t, b, "late-expired", 1)
+		a := mustAcquire(t, b, "late-reacquired", 1)
+		waitExpiry()
+
+		// Expired, nobody took it over yet: key_not_held, and the operation stays in_progress
+		// (marking it uncertain is left to the next acquire or the reaper).
+		before := snapshot(t, b, expired.OperationID)
+		_, err := release(b, expired)
+		require.ErrorIs(t, err, ErrKeyNotHeld)
+		require.Equal(t, before, snapshot(t, b, expired.OperationID))
+		require.Equal(t, models.StateInProgress, before.Op.State)
+		k, err := b.adm.GetKey(bg, b.p.TenantID, "late-expired")
+		require.NoError(t, err)
+		require.False(t, k.Held)
+		require.Nil(t, k.ExpiresAt)
+		require.False(t, k.Operation.Held)
+
+		// B took the key over; A's late release must not touch B's hold.
+		bAcq := mustAcquire(t, b, "late-reacquired", 60)
+		require.EqualValues(t, 2, bAcq.FencingToken)
+		beforeA, beforeB := snapshot(t, b, a.OperationID), snapshot(t, b, bAcq.OperationID)
+		_, err = release(b, a)
+		require.ErrorIs(t, err, ErrNotOwner)
+		require.Equal(t, beforeA, snapshot(t, b, a.OperationID))
+		require.Equal(t, beforeB, snapshot(t, b, bAcq.OperationID))
+		k, err = b.adm.GetKey(bg, b.p.TenantID, "late-reacquired")
+		require.NoError(t, err)
+		require.True(t, k.Held)
+		require.Equal(t, bAcq.OperationID, k.Operation.ID)
+		require.Equal(t, models.StateInProgress, k.Operation.State)
+		require.Equal(t, models.StateUncertain, beforeA.Op.State)
+
+		// B can still release its own hold.
+		op, err := release(b, bAcq)
+		require.NoError(t, err)
+		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, models.StateUncertain, opRow(t, b, a.OperationID).State)
+	})
+}
+
+// SPEC.md §1.6: a tenant can never see, admit against, or release another tenant's keys.
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		q := otherTenant(t, b)
+		mine := mustAcquire(t, b, "shared-key", 60)
+		theirs, err := b.adm.Acquire(bg, q, AcquireInput{Key: "shared-key", TTLSeconds: 60, Fingerprint: ptr("other")})
+		require.NoError(t, err)
+		require.True(t, theirs.Admitted, "the same key in another tenant is a different key")
+		require.EqualValues(t, 1, theirs.FencingToken)
+		require.EqualValues(t, 1, mine.FencingToken)
+		require.NotEqual(t, mine.OperationID, theirs.OperationID)
+		onlyMine := mustAcquire(t, b, "only-mine", 60)
+
+		beforeMine, beforeTheirs := snapshot(t, b, mine.OperationID), snapshot(t, b, theirs.OperationID)
+
+		// Reads.
+		_, err = b.adm.GetKey(bg, q.TenantID, "only-mine")
+		require.ErrorIs(t, err, ErrNotFound)
+		k, err := b.adm.GetKey(bg, q.TenantID, "shared-key")
+		require.NoError(t, err)
+		require.Equal(t, theirs.OperationID, k.Operation.ID)
+		_, err = b.adm.GetOperation(bg, q.TenantID, mine.OperationID)
+		require.ErrorIs(t, err, ErrNotFound)
+		_, err = b.adm.GetOperation(bg, b.p.TenantID, theirs.OperationID)
+		require.ErrorIs(t, err, ErrNotFound)
+
+		page, err := b.adm.ListKeys(bg, q.TenantID, KeyFilter{})
+		require.NoError(t, err)
+		require.Len(t, page.Items, 1)
+		require.Equal(t, theirs.OperationID, page.Items[0].Operation.ID)
+		page, err = b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{})
+		require.NoError(t, err)
+		require.Len(t, page.Items, 2)
+		for _, it := range page.Items {
+			require.NotEqual(t, theirs.OperationID, it.Operation.ID)
+		}
+
+		atts, err := b.adm.ListAttempts(bg, q.TenantID, AttemptFilter{})
+		require.NoError(t, err)
+		require.Len(t, atts.Items, 1)
+		require.Equal(t, theirs.OperationID, deref(atts.Items[0].OperationID))
+		atts, err = b.adm.ListAttempts(bg, q.TenantID, AttemptFilter{Key: "only-mine"})
+		require.NoError(t, err)
+		require.Empty(t, atts.Items)
+
+		// Writes with the other tenant's principal, even with the right owner token.
+		_, err = b.adm.Release(bg, q, ReleaseInput{Key: "only-mine", OwnerToken: onlyMine.OwnerToken})
+		require.ErrorIs(t, err, ErrKeyNotHeld)
+		_, err = b.adm.Release(bg, q, ReleaseInput{Key: "shared-key", OwnerToken: mine.OwnerToken})
+		require.ErrorIs(t, err, ErrNotOwner)
+		_, err = b.adm.RecordOutcome(bg, q, mine.OperationID, OutcomeInput{OwnerToken: mine.OwnerToken, Status: models.StateSucceeded})
+		require.ErrorIs(t, err, ErrNotFound)
+		_, err = b.adm.RecordOutcome(bg, b.p, theirs.OperationID, OutcomeInput{OwnerToken: theirs.OwnerToken, Status: models.StateFailed})
+		require.ErrorIs(t, err, ErrNotFound)
+		// A duplicate acquire in the other tenant does not count against mine.
+		_, err = b.adm.Acquire(bg, q, AcquireInput{Key: "shared-key", TTLSeconds: 60, Fingerprint: ptr("other")})
+		require.NoError(t, err)
+
+		require.Equal(t, beforeMine, snapshot(t, b, mine.OperationID))
+		require.Equal(t, models.StateInProgress, opRow(t, b, onlyMine.OperationID).State)
+		afterTheirs := snapshot(t, b, theirs.OperationID)
+		require.Equal(t, beforeTheirs.Attempts+1, afterTheirs.Attempts)
+		require.Equal(t, beforeTheirs.Op.DuplicateAttempts+1, afterTheirs.Op.DuplicateAttempts)
+		afterTheirs.Op.DuplicateAttempts = beforeTheirs.Op.DuplicateAttempts
+		require.Equal(t, beforeTheirs.Op, afterTheirs.Op)
+
+		// Each owner acts on its own tenant's key.
+		op, err := b.adm.Release(bg, q, ReleaseInput{Key: "shared-key", OwnerToken: theirs.OwnerToken})
+		require.NoError(t, err)
+		require.Equal(t, theirs.OperationID, op.ID)
+		k, err = b.adm.GetKey(bg, b.p.TenantID, "shared-key")
+		require.NoError(t, err)
+		require.True(t, k.Held)
+		require.Equal(t, mine.OperationID, k.Operation.ID)
+	})
+}
