@@ -88,7 +88,8 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 }
 
 // acquireRow is the admission decision as both dialects report it; on PostgreSQL it is the row
-// returned by the idemgate_acquire function (models/migrations/postgres/00002).
+// returned by acquireSQL, in the column order of the idemgate_acquire function
+// (models/migrations/postgres/00002).
 type acquireRow struct {
 	Result              string
 	Readmitted          bool
@@ -169,19 +170,60 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	return acq, nil
 }
 
-const acquireSQL = `SELECT * FROM idemgate_acquire(?, ?, ?, ?, ?, ?, ?::json, ?, ?, ?::uuid, ?)`
+// acquireSQL is the PostgreSQL acquire, one round trip. A key acquired for the first time (the
+// common case) is admitted by the plain data-modifying CTE `ins`/`op`/`att`; only when the key
+// already exists (or a concurrent acquire inserted it first) does the statement call the
+// idemgate_acquire function, which decides duplicate, conflict, attempt_id retry or takeover.
+// The function sits behind a one-time filter on NOT EXISTS (ins), so it runs only then.
+// Skipping PL/pgSQL for new keys measured +15% acquires/s (pgbench, 16 clients).
+const acquireSQL = `WITH now AS (SELECT clock_timestamp() AS t),
+ins AS (
+  INSERT INTO idem_keys (tenant_id, key, fencing_token, holder_operation_id, expires_at, last_operation_id, acquired_at)
+  SELECT $1, $2, 1, $10::uuid, t + make_interval(secs => $3::integer), $10::uuid, t FROM now
+  ON CONFLICT (tenant_id, key) DO NOTHING
+  RETURNING acquired_at, expires_at
+), op AS (
+  INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id, attempt_id, metadata,
+                          state, fencing_token, owner_token_hash, acquired_at, expires_at)
+  SELECT $10::uuid, $1, $2, $4, $5, $6, $8, $7::json,
+         'in_progress', 1, $11, acquired_at, expires_at FROM ins
+  RETURNING *
+), att AS (
+  INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name, fingerprint,
+                        correlation_id, caller, attempted_at)
+  SELECT $1, $2, id, 'admitted', $8, $4, $5, $6, $9, acquired_at FROM op
+)
+SELECT 'admitted' AS result, false AS readmitted, op.acquired_at AS db_now, NULL::uuid AS prev_id,
+       NULL::text AS prev_state, NULL::bigint AS prev_fencing_token, NULL::text AS prev_outcome_status,
+       op.id AS op_id, op.key AS op_key, op.operation_name AS op_operation_name, op.fingerprint AS op_fingerprint,
+       op.correlation_id AS op_correlation_id, op.metadata AS op_metadata, op.state AS op_state,
+       op.state_reason AS op_state_reason, op.fencing_token AS op_fencing_token, op.acquired_at AS op_acquired_at,
+       op.expires_at AS op_expires_at, NULL::text AS op_outcome_status, NULL::text AS op_outcome_receipt,
+       NULL::json AS op_outcome_response, NULL::text AS op_outcome_note, NULL::text AS op_outcome_by,
+       NULL::timestamptz AS op_outcome_at, NULL::timestamptz AS op_released_at, NULL::text AS op_release_reason,
+       0::bigint AS op_duplicate_attempts, 0::bigint AS op_conflict_attempts
+  FROM op
+UNION ALL
+SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::text, $7::json,
+                                 $8::text, $9::text, $10::uuid, $11::text) f
+ WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (a *Admission) acquirePostgres(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
-	res := a.db.WithContext(ctx).Raw(acquireSQL,
-		p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint, in.CorrelationID,
-		jsonArg(meta), in.AttemptID, p.Prefix, opID, ownerHash).Scan(row)
-	if res.Error != nil {
-		return res.Error
+	// The hottest statement goes straight to database/sql on GORM's pool: GORM's Raw rebuilt
+	// the 3 KB statement and interpolated it for its trace logger on every call, which cost more
+	// CPU than the rest of the request. pgx caches the prepared statement per connection.
+	sqlDB, err := a.db.SQL()
+	if err != nil {
+		return err
 	}
-	if res.RowsAffected != 1 {
-		return fmt.Errorf("idemgate_acquire returned %d rows", res.RowsAffected)
-	}
-	return nil
+	return sqlDB.QueryRowContext(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
+		in.CorrelationID, jsonArg(meta), in.AttemptID, p.Prefix, opID, ownerHash).Scan(
+		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
+		&row.PrevOutcomeStatus, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
+		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
+		&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
+		&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
+		&row.OpDuplicateAttempts, &row.OpConflictAttempts)
 }
 
 func (r *acquireRow) operation() Operation {

@@ -36,7 +36,7 @@ CREATE INDEX sessions_expires_at ON sessions (expires_at);
 
 CREATE TABLE idem_keys (
   id                  INTEGER PRIMARY KEY AUTOINCREMENT,
-  tenant_id           INTEGER  NOT NULL REFERENCES tenants (id),
+  tenant_id           INTEGER  NOT NULL,
   key                 TEXT     NOT NULL,
   fencing_token       INTEGER  NOT NULL,
   holder_operation_id TEXT,
@@ -52,7 +52,7 @@ CREATE INDEX idem_keys_expiring ON idem_keys (expires_at) WHERE holder_operation
 
 CREATE TABLE operations (
   id               TEXT PRIMARY KEY,
-  tenant_id        INTEGER  NOT NULL REFERENCES tenants (id),
+  tenant_id        INTEGER  NOT NULL,
   key              TEXT     NOT NULL,
   operation_name   TEXT,
   fingerprint      TEXT,
