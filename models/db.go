@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 	"gorm.io/driver/postgres"
@@ -39,10 +41,12 @@ type OpenOptions struct {
 	MaxConns    int
 }
 
-// DB is an open database with its dialect.
+// DB is an open database with its dialect. Pool is the pgx pool under GORM on PostgreSQL (nil
+// on SQLite), for the few statements that skip GORM on the hot path.
 type DB struct {
 	*gorm.DB
 	Dialect Dialect
+	Pool    *pgxpool.Pool
 }
 
 // Open opens PostgreSQL when opts.DatabaseURL is set, else the SQLite file at opts.SQLitePath
@@ -50,8 +54,10 @@ type DB struct {
 // reached at all, so a typo in DATABASE_URL is reported at start.
 func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 	cfg := &gorm.Config{
-		Logger:                 logger.Discard,
-		PrepareStmt:            true,
+		Logger: logger.Discard,
+		// No GORM-level prepared statements: pgx already caches prepared statements on each
+		// pooled connection (QueryExecModeCacheStatement), and database/sql's per-handle
+		// statements would be re-prepared every time a pgxpool connection is borrowed.
 		TranslateError:         true,
 		SkipDefaultTransaction: true,
 		NowFunc:                func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) },
@@ -60,30 +66,33 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 		g       *gorm.DB
 		err     error
 		dialect Dialect
+		pool    *pgxpool.Pool
 	)
 	if opts.DatabaseURL != "" {
 		dialect = Postgres
-		g, err = gorm.Open(postgres.Open(opts.DatabaseURL), cfg)
+		pool, err = openPool(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		// GORM and database/sql borrow from the pgxpool, so every query shares one bounded,
+		// fair (FIFO) pool: database/sql hands a freed connection to a random waiter, which
+		// tripled p99 latency at 64 concurrent requests on 16 connections.
+		g, err = gorm.Open(postgres.New(postgres.Config{Conn: stdlib.OpenDBFromPool(pool)}), cfg)
 	} else {
 		dialect = SQLite
 		g, err = gorm.Open(sqlite.Open(sqliteDSN(opts.SQLitePath)), cfg)
 	}
 	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
 		return nil, fmt.Errorf("open %s database: %w", dialect, err)
 	}
 	sqlDB, err := g.DB()
 	if err != nil {
 		return nil, fmt.Errorf("open %s database: %w", dialect, err)
 	}
-	if dialect == Postgres {
-		n := opts.MaxConns
-		if n <= 0 {
-			n = 16
-		}
-		sqlDB.SetMaxOpenConns(n)
-		sqlDB.SetMaxIdleConns(n) // database/sql keeps only 2 idle by default and would churn
-		sqlDB.SetConnMaxIdleTime(5 * time.Minute)
-	} else {
+	if dialect == SQLite {
 		// One writer at a time is SQLite's rule; immediate transactions plus busy_timeout make
 		// writers queue instead of failing, and WAL keeps readers off the writer's path.
 		sqlDB.SetMaxOpenConns(8)
@@ -93,9 +102,31 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 	defer cancel()
 	if err := sqlDB.PingContext(pingCtx); err != nil {
 		_ = sqlDB.Close()
+		if pool != nil {
+			pool.Close()
+		}
 		return nil, fmt.Errorf("connect to %s database: %w", dialect, err)
 	}
-	return &DB{DB: g, Dialect: dialect}, nil
+	return &DB{DB: g, Dialect: dialect, Pool: pool}, nil
+}
+
+// openPool opens the PostgreSQL connection pool: opts.MaxConns connections (default 16; fewer
+// loses throughput under load, see issue 2), connected lazily.
+func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(opts.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	pc.MaxConns = 16
+	if opts.MaxConns > 0 {
+		pc.MaxConns = int32(opts.MaxConns)
+	}
+	pc.MaxConnIdleTime = 5 * time.Minute
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres pool: %w", err)
+	}
+	return pool, nil
 }
 
 func sqliteDSN(path string) string {
@@ -114,7 +145,11 @@ func (d *DB) Close() error {
 	if err != nil {
 		return err
 	}
-	return sqlDB.Close()
+	err = sqlDB.Close()
+	if d.Pool != nil {
+		d.Pool.Close() // closing the *sql.DB does not close the pool under it
+	}
+	return err
 }
 
 // Now returns the database clock (SPEC.md §6: expiry is judged by the database, never by each

@@ -209,14 +209,10 @@ SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (a *Admission) acquirePostgres(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
-	// The hottest statement goes straight to database/sql on GORM's pool: GORM's Raw rebuilt
-	// the 3 KB statement and interpolated it for its trace logger on every call, which cost more
-	// CPU than the rest of the request. pgx caches the prepared statement per connection.
-	sqlDB, err := a.db.SQL()
-	if err != nil {
-		return err
-	}
-	return sqlDB.QueryRowContext(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
+	// The hottest statement goes straight to the pgx pool under GORM: GORM's Raw rebuilt the
+	// 3 KB statement and interpolated it for its trace logger on every call, which cost more CPU
+	// than the rest of the request. pgx caches the prepared statement per connection.
+	return a.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
 		in.CorrelationID, jsonArg(meta), in.AttemptID, p.Prefix, opID, ownerHash).Scan(
 		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
 		&row.PrevOutcomeStatus, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
