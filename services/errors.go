@@ -45,6 +45,7 @@ type Error struct {
 	err     error // the cause, never shown to callers
 }
 
+// Error returns "code: message" and, for logs only, the cause.
 func (e *Error) Error() string {
 	if e.err != nil {
 		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.err)
