@@ -7,6 +7,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -278,14 +279,50 @@ func TestDatabaseDownAnswers503AndRecovers(t *testing.T) {
 	require.EqualValues(t, 1, body["fencing_token"])
 }
 
-// TestBodyOverLimitIs413 needs a real connection: Fiber's in-process app.Test fails before the
-// handler instead of answering.
-func TestBodyOverLimitIs413(t *testing.T) {
+// TestRawHTTPEdgeCases needs a real connection: these requests are refused by the HTTP server
+// below Fiber's routing (or would be, in-process app.Test fails before answering), and must
+// still get problem+json with a code and a request id, and write nothing.
+func TestRawHTTPEdgeCases(t *testing.T) {
 	s := startServer(t, "IDEMGATE_SQLITE_PATH="+filepath.Join(t.TempDir(), "limit.db"))
 	big := map[string]any{"key": "big", "ttl_seconds": 60, "metadata": map[string]any{"x": strings.Repeat("y", 300<<10)}}
 	st, body := post(t, s.url+"/v1/acquire", big)
 	require.Equal(t, http.StatusRequestEntityTooLarge, st, "%v", body)
 	require.Equal(t, "payload_too_large", body["code"])
+
+	raw, _ := json.Marshal(big)
+	check := func(name string, req *http.Request, status int, code string) {
+		t.Helper()
+		resp, err := client.Do(req)
+		require.NoError(t, err, name)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		require.Equal(t, status, resp.StatusCode, "%s: %s", name, b)
+		require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"), "%s: %s", name, b)
+		var p map[string]any
+		require.NoError(t, json.Unmarshal(b, &p), name)
+		require.Equal(t, code, p["code"], name)
+		require.NotEmpty(t, p["request_id"], name)
+	}
+	chunked, _ := http.NewRequest(http.MethodPost, s.url+"/v1/acquire", io.MultiReader(bytes.NewReader(raw)))
+	chunked.ContentLength = -1 // sent as Transfer-Encoding: chunked
+	chunked.Header.Set("Authorization", "Bearer "+testAPIKey)
+	check("chunked body over the limit", chunked, http.StatusRequestEntityTooLarge, "payload_too_large")
+
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte(`{"key":"gz","ttl_seconds":60,"fingerprint":"` + strings.Repeat("a", 5<<20) + `"}`))
+	_ = zw.Close()
+	gzReq, _ := http.NewRequest(http.MethodPost, s.url+"/v1/acquire", bytes.NewReader(gz.Bytes()))
+	gzReq.Header.Set("Authorization", "Bearer "+testAPIKey)
+	gzReq.Header.Set("Content-Encoding", "gzip")
+	check("gzip body (would inflate past the limit)", gzReq, http.StatusBadRequest, "invalid_request")
+
+	huge, _ := http.NewRequest(http.MethodGet, s.url+"/v1/keys", nil)
+	huge.Header.Set("Authorization", "Bearer "+strings.Repeat("A", 9000))
+	check("header too large", huge, http.StatusRequestHeaderFieldsTooLarge, "invalid_request")
+
 	st, body = post(t, s.url+"/v1/acquire", map[string]any{"key": "big", "ttl_seconds": 60})
 	require.Equal(t, http.StatusCreated, st, "the refused body wrote nothing: %v", body)
+	st, body = post(t, s.url+"/v1/acquire", map[string]any{"key": "gz", "ttl_seconds": 60})
+	require.Equal(t, http.StatusCreated, st, "the refused gzip body wrote nothing: %v", body)
 }

@@ -211,7 +211,7 @@ func describe(err error) error {
 	if errors.As(err, &de) && len(de.Fields) > 0 {
 		parts := make([]string, 0, len(de.Fields))
 		for _, f := range de.Fields {
-			parts = append(parts, f.Field+" "+f.Message)
+			parts = append(parts, f.Field+": "+f.Message)
 		}
 		return errors.New(strings.Join(parts, "; "))
 	}

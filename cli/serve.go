@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"net"
 	"os/signal"
 	"syscall"
 
@@ -54,8 +55,14 @@ func serve(ctx context.Context, env Env) error {
 	defer stopReaper()
 	go services.NewReaper(db, log, cfg.Retention).Run(reaperCtx, cfg.ReapInterval)
 
+	// Bind before saying we listen, so a taken port is the only thing reported.
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
+		return err
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Listen(cfg.Addr) }()
+	go func() { errc <- srv.Serve(ln) }()
 	log.Info("idemgate listening", "addr", "http://"+cfg.Addr, "dialect", db.Dialect,
 		"dashboard", "http://"+cfg.Addr+"/login")
 	select {
@@ -64,7 +71,7 @@ func serve(ctx context.Context, env Env) error {
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down", "timeout", cfg.ShutdownTimeout)
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	stopReaper()
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()

@@ -98,6 +98,7 @@ type acquireRow struct {
 	PrevState           *string
 	PrevFencingToken    *int64
 	PrevOutcomeStatus   *string
+	PrevOutcomeReceipt  *string
 	OpID                string
 	OpKey               string
 	OpOperationName     *string
@@ -164,7 +165,7 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 		(*row.PrevState == models.StateUncertain || *row.PrevState == models.StateSucceeded) {
 		acq.PreviousOperation = &PreviousOperation{
 			ID: *row.PrevID, State: *row.PrevState, FencingToken: deref(row.PrevFencingToken),
-			OutcomeStatus: row.PrevOutcomeStatus,
+			OutcomeStatus: row.PrevOutcomeStatus, OutcomeReceipt: row.PrevOutcomeReceipt,
 		}
 	}
 	return acq, nil
@@ -195,6 +196,7 @@ ins AS (
 )
 SELECT 'admitted' AS result, false AS readmitted, op.acquired_at AS db_now, NULL::uuid AS prev_id,
        NULL::text AS prev_state, NULL::bigint AS prev_fencing_token, NULL::text AS prev_outcome_status,
+       NULL::text AS prev_outcome_receipt,
        op.id AS op_id, op.key AS op_key, op.operation_name AS op_operation_name, op.fingerprint AS op_fingerprint,
        op.correlation_id AS op_correlation_id, op.metadata AS op_metadata, op.state AS op_state,
        op.state_reason AS op_state_reason, op.fencing_token AS op_fencing_token, op.acquired_at AS op_acquired_at,
@@ -215,7 +217,7 @@ func (a *Admission) acquirePostgres(ctx context.Context, p Principal, in Acquire
 	return a.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
 		in.CorrelationID, jsonArg(meta), in.AttemptID, p.Prefix, opID, ownerHash).Scan(
 		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
-		&row.PrevOutcomeStatus, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
+		&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
 		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
 		&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
 		&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,

@@ -74,8 +74,8 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 			}
 			var prev models.Operation
 			if err := tx.Where("id = ?", k.LastOperationID).Take(&prev).Error; err == nil {
-				row.PrevID, row.PrevState, row.PrevFencingToken, row.PrevOutcomeStatus =
-					&prev.ID, &prev.State, &prev.FencingToken, prev.OutcomeStatus
+				row.PrevID, row.PrevState, row.PrevFencingToken = &prev.ID, &prev.State, &prev.FencingToken
+				row.PrevOutcomeStatus, row.PrevOutcomeReceipt = prev.OutcomeStatus, prev.OutcomeReceipt
 			} else if !errors.Is(err, gorm.ErrRecordNotFound) {
 				return err
 			}

@@ -291,7 +291,7 @@ func TestPreviousOperation(t *testing.T) {
 		next := mustAcquire(t, b, "prev-succeeded", 60)
 		require.EqualValues(t, 2, next.FencingToken)
 		require.Equal(t, &PreviousOperation{ID: succ.OperationID, State: models.StateSucceeded, FencingToken: 1,
-			OutcomeStatus: ptr(models.StateSucceeded)}, next.PreviousOperation)
+			OutcomeStatus: ptr(models.StateSucceeded), OutcomeReceipt: ptr("rcpt-1")}, next.PreviousOperation)
 		// The succeeded operation keeps its state; only the hold moved on.
 		require.Equal(t, models.StateSucceeded, opRow(t, b, succ.OperationID).State)
 

@@ -15,7 +15,8 @@ import (
 // OutcomeInput records an operation's outcome (SPEC.md §4 "POST /v1/operations/{id}/outcome").
 // Status is succeeded, failed or uncertain. Response is any JSON value of at most 64 KiB,
 // stored for replay to duplicates. Release (only with failed) releases the hold in the same
-// transaction.
+// transaction, if this operation still holds the key; after another attempt took the key over
+// the failed outcome is recorded and the state stays failed.
 type OutcomeInput struct {
 	OwnerToken string
 	Status     string
@@ -126,6 +127,17 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 // outcome.
 func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *string, resp json.RawMessage,
 	note *string, release bool, actor string, now time.Time) error {
+	if release {
+		// Only the holder can release. After another attempt took the key over, the failed
+		// outcome is still recorded, but the operation stays failed: it released nothing.
+		var holds int64
+		if err := tx.Model(&models.IdemKey{}).
+			Where("tenant_id = ? AND key = ? AND holder_operation_id = ?", op.TenantID, op.Key, op.ID).
+			Count(&holds).Error; err != nil {
+			return err
+		}
+		release = holds > 0
+	}
 	same := op.OutcomeStatus != nil && *op.OutcomeStatus == status && sameOptional(op.OutcomeReceipt, receipt) &&
 		canonicalJSON(rawJSON(op.OutcomeResponse)) == canonicalJSON(resp)
 	target := status

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
@@ -259,5 +260,27 @@ func TestOperationIDSpellings(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, acq.OperationID, op.ID)
 		require.Equal(t, models.StateSucceeded, opRow(t, b, acq.OperationID).State)
+	})
+}
+
+// A failed outcome with release after another attempt took the key over records the outcome but
+// claims no release: the operation held nothing, and the new hold is untouched.
+func TestOutcomeReleaseAfterTakeoverReleasesNothing(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		old := mustAcquire(t, b, "takeover-release", 1)
+		time.Sleep(1100 * time.Millisecond)
+		cur := mustAcquire(t, b, "takeover-release", 60)
+		op := mustRecord(t, b, old, OutcomeInput{Status: models.StateFailed, Release: true})
+		require.Equal(t, models.StateFailed, op.State)
+		require.Nil(t, op.ReleasedAt)
+		require.Equal(t, models.StateFailed, op.Outcome.Status)
+		k, err := b.adm.GetKey(bg, b.p.TenantID, "takeover-release")
+		require.NoError(t, err)
+		require.True(t, k.Held)
+		require.Equal(t, cur.OperationID, k.Operation.ID)
+		// Repeating it changes nothing.
+		again := mustRecord(t, b, old, OutcomeInput{Status: models.StateFailed, Release: true})
+		require.Equal(t, models.StateFailed, again.State)
 	})
 }

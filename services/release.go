@@ -23,7 +23,9 @@ func (in *ReleaseInput) validate() error {
 	if msg := ValidateKey(in.Key); msg != "" {
 		fe = append(fe, FieldError{Field: "key", Message: msg})
 	}
-	if msg := validateText(in.OwnerToken, 256, false); msg != "" {
+	if in.OwnerToken == "" {
+		fe = append(fe, FieldError{Field: "owner_token", Message: "must not be empty"})
+	} else if msg := validateText(in.OwnerToken, 256, false); msg != "" {
 		fe = append(fe, FieldError{Field: "owner_token", Message: msg})
 	}
 	if in.Reason != nil {

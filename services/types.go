@@ -51,10 +51,11 @@ type Operation struct {
 // (uncertain, or succeeded and now admitted again), so the new attempt can check the
 // destination first (SPEC.md §4).
 type PreviousOperation struct {
-	ID            string
-	State         string
-	FencingToken  int64
-	OutcomeStatus *string
+	ID             string
+	State          string
+	FencingToken   int64
+	OutcomeStatus  *string
+	OutcomeReceipt *string
 }
 
 // Acquisition is the answer to an acquire that was not refused. When Admitted, OperationID,

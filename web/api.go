@@ -65,7 +65,7 @@ func handleAcquire(adm *services.Admission, m *metrics) fiber.Handler {
 		if po := acq.PreviousOperation; po != nil {
 			resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
 			if po.OutcomeStatus != nil {
-				resp.PreviousOperation.Outcome = &outcomeRef{Status: *po.OutcomeStatus}
+				resp.PreviousOperation.Outcome = &outcomeRef{Status: *po.OutcomeStatus, Receipt: po.OutcomeReceipt}
 			}
 		}
 		return c.Status(fiber.StatusCreated).JSON(resp)

@@ -53,8 +53,11 @@ type previousOperationDTO struct {
 	Outcome      *outcomeRef `json:"outcome"`
 }
 
+// outcomeRef is the part of a previous operation's outcome a new attempt needs to check the
+// destination: what was reported and the destination's receipt.
 type outcomeRef struct {
-	Status string `json:"status"`
+	Status  string  `json:"status"`
+	Receipt *string `json:"receipt"`
 }
 
 type duplicateResponse struct {

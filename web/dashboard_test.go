@@ -47,6 +47,7 @@ type dashPage struct {
 }
 
 func (b *dashBrowser) do(req *http.Request) dashPage {
+	req.Header.Set("Accept", "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8") // as a browser sends
 	b.t.Helper()
 	for _, c := range b.cookies {
 		req.AddCookie(&http.Cookie{Name: c.Name, Value: c.Value})

@@ -16,6 +16,8 @@ func TestDecodeJSONRefusesCoercion(t *testing.T) {
 		`{"key":["a"],"ttl_seconds":1}`:  "key",
 		`{"key":"a","ttl_seconds":1e99}`: "ttl_seconds",
 		`{"key":"a","extra":1}`:          "extra",
+		`{"KEY":"a","ttl_seconds":1}`:    "KEY",
+		`{"key":"a","key":"b"}`:          "key",
 	} {
 		var req acquireRequest
 		err := decodeJSON([]byte(body), &req)
@@ -24,6 +26,11 @@ func TestDecodeJSONRefusesCoercion(t *testing.T) {
 		require.Equal(t, services.CodeInvalidRequest, de.Code)
 		require.Len(t, de.Fields, 1, body)
 		require.Equal(t, field, de.Fields[0].Field, body)
+	}
+	for _, body := range []string{"null", "[]", `"x"`, "{\"key\":\"a\xff\"}", `{"key":"a"} {}`, `{"key":`, `{"key":"a",}`} {
+		var req acquireRequest
+		err := decodeJSON([]byte(body), &req)
+		require.True(t, services.IsCode(err, services.CodeInvalidRequest), "%q: %v", body, err)
 	}
 	var req acquireRequest
 	require.NoError(t, decodeJSON([]byte(` {"key":"a","ttl_seconds":60,"metadata":{"a":[1]}} `), &req))

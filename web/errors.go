@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/services"
 )
 
@@ -61,19 +62,22 @@ func toDomainError(err error) (*services.Error, bool) {
 	}
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
-		switch fe.Code {
-		case fiber.StatusRequestEntityTooLarge:
-			return &services.Error{Code: services.CodePayloadTooLarge, Message: "The request body is larger than 256 KiB; nothing was changed."}, false
-		case fiber.StatusNotFound:
-			return &services.Error{Code: services.CodeNotFound, Message: "No such resource."}, false
-		case fiber.StatusMethodNotAllowed:
-			return &services.Error{Code: services.CodeInvalidRequest, Message: "Method not allowed on this resource."}, false
-		case fiber.StatusBadRequest:
-			return &services.Error{Code: services.CodeInvalidRequest, Message: "The request is malformed."}, false
-		case fiber.StatusForbidden:
-			return &services.Error{Code: services.CodeUnauthorized, Message: "Forbidden."}, false
-		case fiber.StatusTooManyRequests:
-			return &services.Error{Code: services.CodeInvalidRequest, Message: "Too many requests; retry later."}, false
+		if fe.Code < 500 {
+			// The client's fault, whatever it was; never logged as an internal error.
+			msg := http.StatusText(fe.Code) + "."
+			switch fe.Code {
+			case fiber.StatusRequestEntityTooLarge:
+				return &services.Error{Code: services.CodePayloadTooLarge, Message: "The request body is larger than 256 KiB; nothing was changed."}, false
+			case fiber.StatusNotFound:
+				return &services.Error{Code: services.CodeNotFound, Message: "No such resource."}, false
+			case fiber.StatusMethodNotAllowed:
+				msg = "Method not allowed on this resource."
+			case fiber.StatusForbidden:
+				return &services.Error{Code: services.CodeUnauthorized, Message: "Forbidden."}, false
+			case fiber.StatusTooManyRequests:
+				msg = "Too many requests; retry later."
+			}
+			return &services.Error{Code: services.CodeInvalidRequest, Message: msg}, false
 		}
 	}
 	if services.IsUnavailable(err) {
@@ -103,6 +107,12 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 		status = fe.Code
 	}
 	rid := requestID(c)
+	if rid == "" {
+		// Errors raised by the HTTP server itself (header too large, chunked body over the limit)
+		// arrive before any middleware ran.
+		rid = uuid.NewString()
+		c.Set(fiber.HeaderXRequestID, rid)
+	}
 	if internal || status >= 500 {
 		s.log.Error("request failed", "request_id", rid, "method", c.Method(), "path", c.Path(), "status", status, "err", err)
 	}
@@ -112,7 +122,7 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	if status == http.StatusUnauthorized && isAPIPath(c.Path()) {
 		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="idemgate"`)
 	}
-	if !isAPIPath(c.Path()) && !strings.HasPrefix(c.Path(), "/readyz") {
+	if wantsHTML(c) {
 		return s.renderErrorPage(c, status, de.Message)
 	}
 	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: de.Message,
@@ -125,3 +135,14 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 }
 
 func isAPIPath(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1" }
+
+// wantsHTML reports whether an error should be an HTML page: a browser (Accept: text/html)
+// asking for a dashboard path. Everything else, including requests the HTTP server refused
+// before routing, gets problem+json.
+func wantsHTML(c *fiber.Ctx) bool {
+	p := c.Path()
+	if isAPIPath(p) || p == "/readyz" || p == "/healthz" || p == "/metrics" {
+		return false
+	}
+	return strings.Contains(c.Get(fiber.HeaderAccept), "text/html")
+}

@@ -31,6 +31,17 @@ func apiAuth(auth *services.Auth) fiber.Handler {
 	}
 }
 
+// identityEncoding refuses request bodies with a Content-Encoding: Fiber would inflate them
+// behind BodyLimit's back (a 51 KB gzip body became 50 MB in memory), and no client of a JSON
+// API this small needs compression on the way in.
+func identityEncoding(c *fiber.Ctx) error {
+	if enc := c.Get(fiber.HeaderContentEncoding); enc != "" && !strings.EqualFold(enc, "identity") {
+		return &services.Error{Code: services.CodeInvalidRequest,
+			Message: "Content-Encoding is not supported on requests; send the body uncompressed."}
+	}
+	return c.Next()
+}
+
 // principal returns the caller authenticated by apiAuth. Routes without apiAuth never call it;
 // a zero principal (tenant 0) matches nothing, so a wiring mistake fails closed.
 func principal(c *fiber.Ctx) services.Principal {

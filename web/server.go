@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -83,6 +84,9 @@ func (s *Server) App() *fiber.App { return s.app }
 
 // Listen serves on addr until Shutdown.
 func (s *Server) Listen(addr string) error { return s.app.Listen(addr) }
+
+// Serve serves on an already bound listener until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 
 // Shutdown stops accepting connections and waits for in-flight requests until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }

@@ -20,6 +20,7 @@ CREATE FUNCTION idemgate_acquire(
 RETURNS TABLE (
   result text, readmitted boolean, db_now timestamptz,
   prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
+  prev_outcome_receipt text,
   op_id uuid, op_key text, op_operation_name text, op_fingerprint text, op_correlation_id text,
   op_metadata json, op_state text, op_state_reason text, op_fencing_token bigint,
   op_acquired_at timestamptz, op_expires_at timestamptz, op_outcome_status text,
@@ -121,7 +122,7 @@ BEGIN
 
   RETURN QUERY
     SELECT v_result, v_readmit, v_now, v_prev.id, v_prev.state, v_prev.fencing_token,
-           v_prev.outcome_status, o.id, o.key, o.operation_name, o.fingerprint, o.correlation_id,
+           v_prev.outcome_status, v_prev.outcome_receipt, o.id, o.key, o.operation_name, o.fingerprint, o.correlation_id,
            o.metadata, o.state, o.state_reason, o.fencing_token, o.acquired_at, o.expires_at,
            o.outcome_status, o.outcome_receipt, o.outcome_response, o.outcome_note, o.outcome_by,
            o.outcome_at, o.released_at, o.release_reason, o.duplicate_attempts, o.conflict_attempts
