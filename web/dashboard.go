@@ -59,8 +59,10 @@ func (s *Server) dashboardRoutes() {
 	app.Post("/login", pageHeaders, s.loginLimiter(), csrfProtect, handleLogin(s))
 	app.Post("/logout", pageHeaders, signedIn, csrfProtect, handleLogout(s))
 
-	app.Get("/", pageHeaders, signedIn, func(c *fiber.Ctx) error { return c.Redirect("/keys", fiber.StatusSeeOther) })
 	app.Get("/keys", pageHeaders, signedIn, csrfProtect, handleKeysPage(s))
+	s.overviewRoutes(csrfProtect)
+	s.operationRoutes(csrfProtect)
+	s.auditRoutes(csrfProtect)
 }
 
 // renderErrorPage answers a dashboard request that failed, with a message safe to show.
