@@ -16,7 +16,12 @@
     return sec + "s";
   }
 
+  // Each start (page load, and every htmx refresh of the table) begins a new generation; the
+  // previous generation's loop stops, so refreshes never pile up timers on detached nodes.
+  var generation = 0;
+
   function start() {
+    var gen = ++generation;
     var started = performance.now();
     var els = Array.prototype.slice.call(document.querySelectorAll("[data-ttl-ms]"));
     if (els.length === 0) return;
@@ -24,6 +29,7 @@
       return { el: el, ms: parseInt(el.getAttribute("data-ttl-ms"), 10) || 0, done: false };
     });
     function tick() {
+      if (gen !== generation) return;
       var elapsed = performance.now() - started, live = 0;
       items.forEach(function (it) {
         if (it.done) return;
@@ -41,6 +47,8 @@
     }
     tick();
   }
+
+  document.addEventListener("htmx:afterSettle", start);
 
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", start);

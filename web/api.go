@@ -158,7 +158,8 @@ func handleListKeys(adm *services.Admission) fiber.Handler {
 			return err
 		}
 		page, err := adm.ListKeys(c.UserContext(), principal(c).TenantID, services.KeyFilter{
-			State: c.Query("state"), Operation: c.Query("operation"), Limit: limit, Cursor: c.Query("cursor")})
+			State: c.Query("state"), Operation: c.Query("operation"), KeyPrefix: c.Query("prefix"), Limit: limit,
+			Cursor: c.Query("cursor")})
 		if err != nil {
 			return err
 		}

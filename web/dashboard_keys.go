@@ -34,9 +34,14 @@ var keyStates = []views.Option{
 type keysQuery struct {
 	State     string
 	Operation string
+	Prefix    string
+	Expiring  bool
 	Limit     int
 	Cursor    string
 }
+
+// expiringSoon is the horizon of the "expiring soon" filter.
+const expiringSoon = 5 * time.Minute
 
 // parseKeysQuery reads the query string; the string is a message for the operator when a
 // parameter is unusable. The service validates state, operation and cursor.
@@ -44,6 +49,8 @@ func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
 	q := keysQuery{
 		State:     strings.TrimSpace(c.Query("state")),
 		Operation: strings.TrimSpace(c.Query("operation")),
+		Prefix:    c.Query("prefix"),
+		Expiring:  c.Query("expiring") != "",
 		Cursor:    c.Query("cursor"),
 		Limit:     keysPageSize,
 	}
@@ -65,6 +72,12 @@ func (q keysQuery) url() string {
 	}
 	if q.Operation != "" {
 		v.Set("operation", q.Operation)
+	}
+	if q.Prefix != "" {
+		v.Set("prefix", q.Prefix)
+	}
+	if q.Expiring {
+		v.Set("expiring", "1")
 	}
 	if q.Limit != keysPageSize {
 		v.Set("limit", strconv.Itoa(q.Limit))
@@ -90,7 +103,8 @@ func handleKeysPage(s *Server) fiber.Handler {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
 		page, err := s.adm.ListKeysForOperator(c.UserContext(), op.TenantID, services.KeyFilter{
-			State: q.State, Operation: q.Operation, Limit: q.Limit, Cursor: q.Cursor,
+			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, Limit: q.Limit, Cursor: q.Cursor,
+			ExpiringWithin: expiringWithin(q.Expiring),
 		})
 		var de *services.Error
 		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
@@ -106,11 +120,14 @@ func handleKeysPage(s *Server) fiber.Handler {
 			Nav:        nav,
 			ShowTenant: op.TenantID == nil,
 			Filter: views.KeysFilter{
-				State: q.State, Operation: q.Operation, Limit: strconv.Itoa(q.Limit),
-				States: keyStates, Limits: pageSizeOptions(q.Limit),
-				Active: q.State != "" || q.Operation != "",
+				State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
+				Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
+				Active: q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring,
 			},
-			Rows: make([]views.KeyRow, 0, len(page.Items)),
+			SelfURL:                q.url(),
+			NeedsReconciliationURL: keysQuery{State: models.StateUncertain, Limit: q.Limit}.url(),
+			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
+			Rows:                   make([]views.KeyRow, 0, len(page.Items)),
 		}
 		for _, it := range page.Items {
 			props.Rows = append(props.Rows, keyRow(it, page.Now))
@@ -127,6 +144,13 @@ func handleKeysPage(s *Server) fiber.Handler {
 		}
 		return render(c, fiber.StatusOK, views.KeysPage(props))
 	}
+}
+
+func expiringWithin(on bool) time.Duration {
+	if on {
+		return expiringSoon
+	}
+	return 0
 }
 
 // filterProblem turns a refused filter into one sentence for the error page.
@@ -171,6 +195,7 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 	}
 	op := v.Operation
 	if op != nil {
+		r.OperationURL = "/operations/" + url.PathEscape(op.ID)
 		r.State = op.State
 		r.FencingToken = strconv.FormatInt(op.FencingToken, 10)
 		r.Duplicates = strconv.FormatInt(op.DuplicateAttempts, 10)

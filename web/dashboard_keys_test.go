@@ -1,0 +1,74 @@
+package web
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/idemgate/idemgate/services"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDashboardKeysPrefixExpiringAndLinks covers the Keys page's key-prefix search, the
+// "expiring soon" filter, the link from each key to its newest operation, and the htmx
+// refresh URL keeping the filters.
+func TestDashboardKeysPrefixExpiringAndLinks(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		ctx := context.Background()
+		hold := func(key string, ttl int64) *services.Acquisition {
+			a, err := f.s.adm.Acquire(ctx, f.pA, services.AcquireInput{Key: key, TTLSeconds: ttl, Operation: &f.op})
+			require.NoError(t, err)
+			return a
+		}
+		inv := hold("invoice:2026-11:1", 3600)
+		hold("invoice:2026-12:1", 3600)
+		hold("charge:1", 3600)
+		soon := hold("soon", 120) // within the five-minute horizon
+
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+
+		page := b.get(f.keysURL("prefix=" + url.QueryEscape("invoice:2026-")))
+		require.Equal(t, http.StatusOK, page.status, page.body)
+		require.Equal(t, []string{"invoice:2026-12:1", "invoice:2026-11:1"}, dashKeys(page.rows()))
+		require.Equal(t, "invoice:2026-", page.testid("filter-prefix").AttrOr("value", ""))
+		refresh := page.testid("keys-results").AttrOr("hx-get", "")
+		require.Contains(t, refresh, "prefix=invoice%3A2026-", "the refresh keeps the filter")
+		require.Contains(t, refresh, "operation=")
+		require.Equal(t, "#keys-results", page.testid("keys-results").AttrOr("hx-select", ""))
+
+		link := page.testid("key-link").Last()
+		require.Equal(t, "invoice:2026-11:1", strings.TrimSpace(link.Text()))
+		require.Equal(t, "/operations/"+inv.OperationID, link.AttrOr("href", ""))
+
+		exp := b.get(f.keysURL("expiring=1"))
+		require.Equal(t, []string{"soon"}, dashKeys(exp.rows()))
+		require.True(t, exp.testid("filter-expiring").Is("[checked]"))
+		require.Equal(t, "/operations/"+soon.OperationID, exp.testid("key-link").AttrOr("href", ""))
+
+		none := b.get(f.keysURL("prefix=nothing-starts-like-this"))
+		require.Equal(t, 1, none.testid("keys-empty").Length())
+
+		quick := page.testid("filter-needs-reconciliation").AttrOr("href", "")
+		require.Contains(t, quick, "state=uncertain")
+	})
+}
+
+// TestAPIListKeysByPrefix: the JSON API takes the same prefix filter, byte-exact.
+func TestAPIListKeysByPrefix(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *Server) {
+		c := newTenantClient(t, s)
+		for _, k := range []string{"ключ/1", "ключ/2", "Ключ/3", "key"} {
+			require.Equal(t, 201, acquire(c, k, nil).status)
+		}
+		res := c.do("GET", "/v1/keys?prefix="+url.QueryEscape("ключ/"), nil)
+		require.Equal(t, 200, res.status, res.raw)
+		var got []string
+		for _, it := range res.body["items"].([]any) {
+			got = append(got, it.(map[string]any)["key"].(string))
+		}
+		require.Equal(t, []string{"ключ/2", "ключ/1"}, got, "case-sensitive, newest first")
+	})
+}
