@@ -1,6 +1,235 @@
 package web
 
-import "github.com/gofiber/fiber/v2"
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"errors"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
 
-// auditRoutes registers the Audit page and its CSV export (SPEC.md §5).
-func (s *Server) auditRoutes(csrfProtect fiber.Handler) {}
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/views"
+)
+
+// auditTimeLayouts are the accepted spellings of the from and to parameters: what a
+// datetime-local input sends (interpreted as UTC), and RFC 3339 for hand-written links.
+var auditTimeLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05", time.RFC3339}
+
+// auditInputLayout is the datetime-local value format the filter form shows.
+const auditInputLayout = "2006-01-02T15:04"
+
+// csvExportTimeout bounds one CSV export, which runs after the handler has returned and so
+// without the request's context.
+const csvExportTimeout = 10 * time.Minute
+
+// csvFlushRows is how many rows are buffered before they are pushed to the client.
+const csvFlushRows = 256
+
+// auditCSVHeader is the export's first row (SPEC.md §5 "CSV export").
+var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id"}
+
+// auditRoutes registers the Audit page and its CSV export (SPEC.md §5). Every role may view
+// both; csrfProtect issues the token of the page's sign-out form.
+func (s *Server) auditRoutes(csrfProtect fiber.Handler) {
+	s.app.Get("/audit", pageHeaders, s.requireOperator, csrfProtect, handleAuditPage(s))
+	s.app.Get("/audit.csv", pageHeaders, s.requireOperator, handleAuditCSV(s))
+}
+
+// auditQuery is the Audit page's query string as given; the same parameters drive the export.
+type auditQuery struct {
+	From, To, Tenant string
+}
+
+// parseAuditQuery reads from, to and (for global accounts only) tenant. The strings are
+// cloned because the export uses them after the handler returns, when Fiber has reused the
+// request's buffers. The message is for the operator when a time is unusable.
+func parseAuditQuery(c *fiber.Ctx, op *services.OperatorAccount) (auditQuery, services.AuditFilter, string) {
+	q := auditQuery{From: strings.Clone(strings.TrimSpace(c.Query("from"))), To: strings.Clone(strings.TrimSpace(c.Query("to")))}
+	if op.TenantID == nil {
+		q.Tenant = strings.Clone(strings.TrimSpace(c.Query("tenant")))
+	}
+	f := services.AuditFilter{Tenant: q.Tenant}
+	var ok bool
+	if f.From, ok = parseAuditTime(q.From); !ok {
+		return q, f, "From must be a date and time such as 2026-01-31T09:30 (UTC)."
+	}
+	if f.To, ok = parseAuditTime(q.To); !ok {
+		return q, f, "To must be a date and time such as 2026-01-31T09:30 (UTC)."
+	}
+	return q, f, ""
+}
+
+// parseAuditTime parses one time parameter; "" is the zero time (the service's default).
+func parseAuditTime(raw string) (time.Time, bool) {
+	if raw == "" {
+		return time.Time{}, true
+	}
+	for _, l := range auditTimeLayouts {
+		if t, err := time.ParseInLocation(l, raw, time.UTC); err == nil {
+			return t.UTC(), true
+		}
+	}
+	return time.Time{}, false
+}
+
+// values is q as query parameters, leaving out the empty ones.
+func (q auditQuery) values() url.Values {
+	v := url.Values{}
+	for k, x := range map[string]string{"from": q.From, "to": q.To, "tenant": q.Tenant} {
+		if x != "" {
+			v.Set(k, x)
+		}
+	}
+	return v
+}
+
+// auditProblem maps a refused filter to the 400 page's message; ok is false for other errors.
+func auditProblem(err error) (string, bool) {
+	var de *services.Error
+	if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
+		return filterProblem(de), true
+	}
+	return "", false
+}
+
+// handleAuditPage is GET /audit: duplicate and conflicting attempts grouped by key.
+func handleAuditPage(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		op := currentOperator(c)
+		if op == nil {
+			return redirectToLogin(c)
+		}
+		q, f, problem := parseAuditQuery(c, op)
+		if problem != "" {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
+		}
+		rep, err := s.adm.Audit(c.UserContext(), op.TenantID, f)
+		if msg, ok := auditProblem(err); ok {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
+		} else if err != nil {
+			return err
+		}
+		nav, err := s.navFor(c, op, "audit")
+		if err != nil {
+			return err
+		}
+		csvURL := "/audit.csv"
+		if v := q.values(); len(v) > 0 {
+			csvURL += "?" + v.Encode()
+		}
+		const shown = "2006-01-02 15:04:05"
+		props := views.AuditProps{
+			Nav:        nav,
+			ShowTenant: op.TenantID == nil,
+			Filter: views.AuditFilterView{
+				From: rep.Filter.From.Format(auditInputLayout), To: rep.Filter.To.Format(auditInputLayout),
+				Tenant: q.Tenant, Active: len(q.values()) > 0,
+			},
+			Range:     rep.Filter.From.Format(shown) + " – " + rep.Filter.To.Format(shown) + " UTC",
+			Rows:      make([]views.AuditRowView, 0, len(rep.Groups)),
+			Truncated: rep.Truncated,
+			Cap:       strconv.Itoa(services.MaxAuditGroups),
+			CSVURL:    csvURL,
+		}
+		for _, g := range rep.Groups {
+			tenant := g.TenantName
+			if tenant == "" {
+				tenant = "#" + strconv.FormatInt(g.TenantID, 10)
+			}
+			props.Rows = append(props.Rows, views.AuditRowView{
+				Key: g.Key, Tenant: tenant,
+				Duplicates: strconv.FormatInt(g.Duplicates, 10), Conflicts: strconv.FormatInt(g.Conflicts, 10),
+				First: g.FirstAt.UTC().Format(shown), FirstISO: g.FirstAt.UTC().Format(time.RFC3339Nano),
+				Last: g.LastAt.UTC().Format(shown), LastISO: g.LastAt.UTC().Format(time.RFC3339Nano),
+				PossibleDuplicateEffect: g.PossibleDuplicateEffect,
+			})
+		}
+		return render(c, fiber.StatusOK, views.AuditPage(props))
+	}
+}
+
+// handleAuditCSV is GET /audit.csv: every duplicate or conflicting attempt of the Audit
+// page's filter, one CSV row each, streamed from the database as it is read so an export of
+// any size needs constant memory. A bad filter is refused with the 400 page before anything
+// is streamed.
+func handleAuditCSV(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		op := currentOperator(c)
+		if op == nil {
+			return redirectToLogin(c)
+		}
+		_, f, problem := parseAuditQuery(c, op)
+		if problem != "" {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
+		}
+		f, err := s.adm.ResolveAuditFilter(c.UserContext(), f)
+		if msg, ok := auditProblem(err); ok {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
+		} else if err != nil {
+			return err
+		}
+		const stamp = "20060102T150405Z"
+		name := "idemgate-audit-" + f.From.Format(stamp) + "-" + f.To.Format(stamp) + ".csv"
+		c.Set(fiber.HeaderContentType, "text/csv; charset=utf-8")
+		c.Set(fiber.HeaderContentDisposition, `attachment; filename="`+name+`"`)
+		// The writer runs after this handler has returned, so it may use only copies: not c,
+		// not the request's context, not strings that point into Fiber's buffers.
+		var tenantID *int64
+		if op.TenantID != nil {
+			id := *op.TenantID
+			tenantID = &id
+		}
+		reqID, log := strings.Clone(requestID(c)), s.log
+		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+			ctx, cancel := context.WithTimeout(context.Background(), csvExportTimeout)
+			defer cancel()
+			cw := csv.NewWriter(w)
+			_ = cw.Write(auditCSVHeader)
+			n := 0
+			err := s.adm.AuditAttempts(ctx, tenantID, f, func(r services.AuditRow) error {
+				if err := cw.Write(auditCSVRecord(r)); err != nil {
+					return err
+				}
+				if n++; n%csvFlushRows == 0 {
+					cw.Flush()
+					if err := cw.Error(); err != nil {
+						return err
+					}
+					return w.Flush() // fails once the client has gone, which stops the export
+				}
+				return nil
+			})
+			if err != nil {
+				log.Error("audit export failed", "request_id", reqID, "rows", n, "err", err)
+				// The status is long sent; a last full-width row tells a reader the file is
+				// incomplete rather than letting it pass for the whole audit.
+				_ = cw.Write(append([]string{"ERROR: export incomplete, download again"}, make([]string, len(auditCSVHeader)-1)...))
+			}
+			cw.Flush()
+			_ = w.Flush()
+		})
+		return nil
+	}
+}
+
+// auditCSVRecord is one attempt as a CSV row, in auditCSVHeader's order.
+func auditCSVRecord(r services.AuditRow) []string {
+	return []string{
+		csvCell(r.TenantName), csvCell(r.Key), r.AttemptedAt.UTC().Format(time.RFC3339Nano), csvCell(r.Result),
+		csvCell(r.OperationID), csvCell(r.AttemptID), csvCell(r.Caller), csvCell(r.Fingerprint), csvCell(r.CorrelationID),
+	}
+}
+
+// csvCell neutralises spreadsheet formula injection (OWASP "CSV Injection"): keys and the other
+// client-chosen fields could start with a character that makes Excel or LibreOffice evaluate
+// the cell, so such a cell gets a leading single quote and is shown as text.
+func csvCell(s string) string {
+	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return "'" + s
+	}
+	return s
+}

@@ -1,8 +1,66 @@
 package web
 
-import "github.com/gofiber/fiber/v2"
+import (
+	"net/url"
+	"time"
 
-// overviewRoutes registers the Overview page (SPEC.md §5).
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/views"
+)
+
+// overviewRoutes registers the Overview page (SPEC.md §5). csrfProtect issues the token of
+// the page's sign-out form.
 func (s *Server) overviewRoutes(csrfProtect fiber.Handler) {
-	s.app.Get("/", pageHeaders, s.requireOperator, func(c *fiber.Ctx) error { return c.Redirect("/keys", fiber.StatusSeeOther) })
+	s.app.Get("/", pageHeaders, s.requireOperator, csrfProtect, handleOverviewPage(s))
+}
+
+// handleOverviewPage is GET /: counts by state, the number needing reconciliation, and the
+// last 24 hours of attempts, for the tenants the operator may see. Every role may view it.
+func handleOverviewPage(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		op := currentOperator(c)
+		if op == nil {
+			return redirectToLogin(c)
+		}
+		ov, err := s.adm.Overview(c.UserContext(), op.TenantID)
+		if err != nil {
+			return err
+		}
+		nav, err := s.navFor(c, op, "overview")
+		if err != nil {
+			return err
+		}
+		return render(c, fiber.StatusOK, views.OverviewPage(overviewProps(nav, ov)))
+	}
+}
+
+// overviewProps formats the service's figures for the page; times are UTC.
+func overviewProps(nav views.Nav, ov *services.Overview) views.OverviewProps {
+	p := views.OverviewProps{
+		Nav:                 nav,
+		NeedsReconciliation: ov.NeedsReconciliation,
+		NeedsURL:            keysStateURL(models.StateUncertain),
+		AsOf:                ov.Now.UTC().Format("2006-01-02 15:04:05"),
+		Counts:              make([]views.StateCountView, 0, len(ov.Counts)),
+		Hours:               make([]views.ChartHour, 0, len(ov.Hours)),
+	}
+	for _, sc := range ov.Counts {
+		p.Counts = append(p.Counts, views.StateCountView{State: sc.State, Count: sc.Count, URL: keysStateURL(sc.State)})
+	}
+	for _, h := range ov.Hours {
+		start := h.Start.UTC()
+		p.Hours = append(p.Hours, views.ChartHour{
+			Label:    start.Format("15:04"),
+			Range:    start.Format("2006-01-02 15:04") + "–" + start.Add(time.Hour).Format("15:04") + " UTC",
+			Admitted: h.Admitted, Duplicates: h.Duplicates, Conflicts: h.Conflicts,
+		})
+	}
+	return p
+}
+
+// keysStateURL is the Keys page filtered to one state.
+func keysStateURL(state string) string {
+	return "/keys?" + url.Values{"state": {state}}.Encode()
 }

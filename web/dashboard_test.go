@@ -316,7 +316,8 @@ func TestDashboardLoginShowsKeys(t *testing.T) {
 
 		// Signed in, / and /login lead to the keys.
 		res = b.get("/")
-		require.Equal(t, "/keys", res.header.Get("Location"))
+		require.Equal(t, http.StatusOK, res.status, "/ is the Overview")
+		require.Equal(t, 1, res.testid("overview-needs-reconciliation").Length())
 		res = b.get("/login")
 		require.Equal(t, http.StatusSeeOther, res.status)
 		require.Equal(t, "/keys", res.header.Get("Location"))

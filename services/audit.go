@@ -1,0 +1,304 @@
+package services
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+)
+
+// Audit limits (SPEC.md §5 "Audit").
+const (
+	// DefaultAuditSpan is the time range audited when the filter gives none.
+	DefaultAuditSpan = 24 * time.Hour
+	// MaxAuditSpan bounds the range so one request cannot scan the whole attempt log.
+	MaxAuditSpan = 31 * 24 * time.Hour
+	// MaxAuditGroups caps the grouped report; AuditReport.Truncated says when more matched.
+	// The CSV export (AuditAttempts) has no cap.
+	MaxAuditGroups = 500
+)
+
+// AuditFilter selects the attempts audited: those at or after From and before To. A zero To
+// means the database's now; a zero From means DefaultAuditSpan before To. Tenant, when not
+// empty, keeps only the tenant of that name (for global accounts; a restricted account
+// naming another tenant gets an empty report).
+type AuditFilter struct {
+	From   time.Time
+	To     time.Time
+	Tenant string
+}
+
+// AuditGroup is the duplicate and conflicting attempts of one (tenant, key) in the range.
+// FirstAt and LastAt are the first and last of those attempts, UTC.
+//
+// PossibleDuplicateEffect is set when the key has an operation in state succeeded and a later
+// operation (a higher fencing token) — that is, the key was admitted again after a confirmed
+// success, so the destination may have seen the effect twice. It is judged over the key's
+// whole stored history, not only the range, and cannot see operations retention has purged.
+type AuditGroup struct {
+	TenantID                int64
+	TenantName              string
+	Key                     string
+	Duplicates              int64
+	Conflicts               int64
+	FirstAt                 time.Time
+	LastAt                  time.Time
+	PossibleDuplicateEffect bool
+}
+
+// AuditReport is the Audit page: the resolved filter and the groups, most recent last attempt
+// first. Truncated is true when more than MaxAuditGroups groups matched and only the first
+// MaxAuditGroups are in Groups.
+type AuditReport struct {
+	Filter    AuditFilter
+	Groups    []AuditGroup
+	Truncated bool
+}
+
+// AuditRow is one duplicate or conflicting attempt, for the CSV export. Optional fields are ""
+// when the attempt did not carry them.
+type AuditRow struct {
+	TenantName    string
+	Key           string
+	AttemptedAt   time.Time
+	Result        string
+	OperationID   string
+	AttemptID     string
+	Caller        string
+	Fingerprint   string
+	CorrelationID string
+}
+
+// ResolveAuditFilter fills in f's defaults from the database clock and validates it: To must
+// be after From and the span at most MaxAuditSpan. Times come back in UTC. Resolving a
+// resolved filter changes nothing, so callers may resolve first (to report a bad range before
+// streaming) and pass the result on. Errors: ErrInvalidRequest (fields "from", "to"),
+// ErrStoreUnavailable.
+func (a *Admission) ResolveAuditFilter(ctx context.Context, f AuditFilter) (AuditFilter, error) {
+	if f.To.IsZero() {
+		now, err := a.db.Now(ctx, a.db.WithContext(ctx))
+		if err != nil {
+			return f, storeError("audit", err)
+		}
+		f.To = now
+	}
+	if f.From.IsZero() {
+		f.From = f.To.Add(-DefaultAuditSpan)
+	}
+	f.From, f.To = f.From.UTC(), f.To.UTC()
+	if !f.To.After(f.From) {
+		return f, invalid(FieldError{Field: "to", Message: "must be after from"})
+	}
+	if f.To.Sub(f.From) > MaxAuditSpan {
+		return f, invalid(FieldError{Field: "from", Message: fmt.Sprintf("must be at most %d days before to", int(MaxAuditSpan/(24*time.Hour)))})
+	}
+	return f, nil
+}
+
+// auditScope resolves the tenant to audit: tenantID (the account's restriction) narrowed by
+// the filter's tenant name. ok is false when nothing can match (an unknown tenant name, or
+// another tenant than the account's), which answers an empty report without saying which.
+func (a *Admission) auditScope(ctx context.Context, tenantID *int64, name string) (scope *int64, ok bool, err error) {
+	if name == "" {
+		return tenantID, true, nil
+	}
+	var ts []models.Tenant
+	if err := a.db.WithContext(ctx).Where("name = ?", name).Limit(1).Find(&ts).Error; err != nil {
+		return nil, false, err
+	}
+	if len(ts) == 0 || (tenantID != nil && *tenantID != ts[0].ID) {
+		return nil, false, nil
+	}
+	return &ts[0].ID, true, nil
+}
+
+// Audit reports the duplicate and conflicting attempts in f's range grouped by (tenant, key),
+// for one tenant or every tenant when tenantID is nil (SPEC.md §5 "Audit"). At most
+// MaxAuditGroups groups, most recent last attempt first. Errors: ErrInvalidRequest (bad
+// range, see ResolveAuditFilter), ErrStoreUnavailable.
+func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {
+	f, err := a.ResolveAuditFilter(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	rep := &AuditReport{Filter: f, Groups: []AuditGroup{}}
+	scope, ok, err := a.auditScope(ctx, tenantID, f.Tenant)
+	if err != nil {
+		return nil, storeError("audit", err)
+	} else if !ok {
+		return rep, nil
+	}
+	tx := a.db.WithContext(ctx)
+	// Like the Overview, this scans the range's attempts without an attempted_at index.
+	q := tx.Model(&models.Attempt{}).
+		Select("tenant_id, key, "+
+			"SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS duplicates, "+
+			"SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS conflicts, "+
+			"MIN(attempted_at) AS first_at, MAX(attempted_at) AS last_at", models.ResultDuplicate, models.ResultConflict).
+		Where("result IN ?", []string{models.ResultDuplicate, models.ResultConflict}).
+		Where("attempted_at >= ? AND attempted_at < ?", f.From, f.To).
+		Group("tenant_id, key").
+		Order("last_at DESC, tenant_id, key").
+		Limit(MaxAuditGroups + 1)
+	if scope != nil {
+		q = q.Where("tenant_id = ?", *scope)
+	}
+	var rows []struct {
+		TenantID   int64
+		Key        string
+		Duplicates int64
+		Conflicts  int64
+		FirstAt    dbTime
+		LastAt     dbTime
+	}
+	if err := q.Scan(&rows).Error; err != nil {
+		return nil, storeError("audit", err)
+	}
+	if len(rows) > MaxAuditGroups {
+		rows, rep.Truncated = rows[:MaxAuditGroups], true
+	}
+	if len(rows) == 0 {
+		return rep, nil
+	}
+	tenantIDs, keys := []int64{}, []string{}
+	seenT, seenK := map[int64]bool{}, map[string]bool{}
+	for _, r := range rows {
+		if !seenT[r.TenantID] {
+			seenT[r.TenantID] = true
+			tenantIDs = append(tenantIDs, r.TenantID)
+		}
+		if !seenK[r.Key] {
+			seenK[r.Key] = true
+			keys = append(keys, r.Key)
+		}
+	}
+	var ts []models.Tenant
+	if err := tx.Where("id IN ?", tenantIDs).Find(&ts).Error; err != nil {
+		return nil, storeError("audit", err)
+	}
+	names := map[int64]string{}
+	for _, t := range ts {
+		names[t.ID] = t.Name
+	}
+	// The flag rule of AuditGroup, for the whole page in one query; the unique index on
+	// (tenant_id, key, fencing_token) serves both sides of the join. IN over tenants × keys
+	// may match pairs not on the page; those are simply not looked up.
+	var flagged []struct {
+		TenantID int64
+		Key      string
+	}
+	if err := tx.Raw(`SELECT DISTINCT s.tenant_id, s.key FROM operations s
+		JOIN operations l ON l.tenant_id = s.tenant_id AND l.key = s.key AND l.fencing_token > s.fencing_token
+		WHERE s.state = ? AND s.tenant_id IN ? AND s.key IN ?`, models.StateSucceeded, tenantIDs, keys).
+		Scan(&flagged).Error; err != nil {
+		return nil, storeError("audit", err)
+	}
+	type tk struct {
+		t int64
+		k string
+	}
+	isFlagged := map[tk]bool{}
+	for _, f := range flagged {
+		isFlagged[tk{f.TenantID, f.Key}] = true
+	}
+	for _, r := range rows {
+		rep.Groups = append(rep.Groups, AuditGroup{
+			TenantID: r.TenantID, TenantName: names[r.TenantID], Key: r.Key,
+			Duplicates: r.Duplicates, Conflicts: r.Conflicts, FirstAt: r.FirstAt.T, LastAt: r.LastAt.T,
+			PossibleDuplicateEffect: isFlagged[tk{r.TenantID, r.Key}],
+		})
+	}
+	return rep, nil
+}
+
+// AuditAttempts calls fn with every duplicate or conflicting attempt in f's range, oldest
+// first, for one tenant or every tenant when tenantID is nil. Rows are read from the database
+// one at a time, so an export of any size runs in constant memory. An error from fn stops the
+// export and is returned as is. Errors: ErrInvalidRequest (bad range), ErrStoreUnavailable.
+func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditFilter, fn func(AuditRow) error) error {
+	f, err := a.ResolveAuditFilter(ctx, f)
+	if err != nil {
+		return err
+	}
+	scope, ok, err := a.auditScope(ctx, tenantID, f.Tenant)
+	if err != nil {
+		return storeError("audit export", err)
+	} else if !ok {
+		return nil
+	}
+	q := a.db.WithContext(ctx).Table("attempts a").
+		Select("t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id").
+		Joins("JOIN tenants t ON t.id = a.tenant_id").
+		Where("a.result IN ?", []string{models.ResultDuplicate, models.ResultConflict}).
+		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
+		Order("a.attempted_at, a.id")
+	if scope != nil {
+		q = q.Where("a.tenant_id = ?", *scope)
+	}
+	rows, err := q.Rows()
+	if err != nil {
+		return storeError("audit export", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			r                     AuditRow
+			at                    dbTime
+			opID, attID, fp, corr sql.NullString
+		)
+		if err := rows.Scan(&r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr); err != nil {
+			return storeError("audit export", err)
+		}
+		r.AttemptedAt, r.OperationID, r.AttemptID, r.Fingerprint, r.CorrelationID = at.T, opID.String, attID.String, fp.String, corr.String
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return storeError("audit export", rows.Err())
+}
+
+// dbTime scans a timestamp from either dialect: PostgreSQL and SQLite's typed columns give a
+// time.Time, but SQLite gives an aggregate such as MIN(attempted_at) back as the stored text.
+type dbTime struct{ T time.Time }
+
+// sqliteTimeLayouts are the text forms SQLite drivers store times in.
+var sqliteTimeLayouts = []string{
+	"2006-01-02 15:04:05.999999999-07:00",
+	"2006-01-02T15:04:05.999999999-07:00",
+	"2006-01-02 15:04:05.999999999",
+	"2006-01-02T15:04:05.999999999",
+	time.RFC3339Nano,
+}
+
+// Value implements driver.Valuer; GORM requires it before it scans into a struct-typed field.
+func (d dbTime) Value() (driver.Value, error) { return d.T, nil }
+
+// Scan implements sql.Scanner.
+func (d *dbTime) Scan(v any) error {
+	switch x := v.(type) {
+	case time.Time:
+		d.T = x.UTC()
+		return nil
+	case string:
+		return d.parse(x)
+	case []byte:
+		return d.parse(string(x))
+	case nil:
+		d.T = time.Time{}
+		return nil
+	}
+	return fmt.Errorf("cannot scan %T as a time", v)
+}
+
+func (d *dbTime) parse(s string) error {
+	for _, l := range sqliteTimeLayouts {
+		if t, err := time.Parse(l, s); err == nil {
+			d.T = t.UTC()
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot parse time %q", s)
+}

@@ -1,0 +1,129 @@
+package services
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/stretchr/testify/require"
+)
+
+func TestAuditGroupsAndFlags(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		start := time.Now().UTC().Add(-time.Minute)
+		// "busy": two duplicates and one conflict of one hold.
+		in := AcquireInput{Key: "busy", TTLSeconds: 60, Fingerprint: ptr("a")}
+		_, err := b.adm.Acquire(bg, b.p, in)
+		require.NoError(t, err)
+		for range 2 {
+			_, err = b.adm.Acquire(bg, b.p, in)
+			require.NoError(t, err)
+		}
+		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "busy", TTLSeconds: 60, Fingerprint: ptr("b")})
+		require.ErrorIs(t, err, ErrFingerprintMismatch)
+		// "again": succeeded, then admitted again after its TTL, then a duplicate.
+		first := mustAcquire(t, b, "again", 1)
+		mustRecord(t, b, first, OutcomeInput{Status: models.StateSucceeded})
+		waitExpiry()
+		mustAcquire(t, b, "again", 60)
+		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "again", TTLSeconds: 60})
+		require.NoError(t, err)
+		// "quiet": admitted only, so not in the audit.
+		mustAcquire(t, b, "quiet", 60)
+		// Another tenant's duplicate stays out of this tenant's audit.
+		other := otherTenant(t, b)
+		for range 3 { // admitted, then two duplicates
+			_, err = b.adm.Acquire(bg, other, AcquireInput{Key: "busy", TTLSeconds: 60})
+			require.NoError(t, err)
+		}
+
+		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{})
+		require.NoError(t, err)
+		require.False(t, rep.Truncated)
+		require.Equal(t, DefaultAuditSpan, rep.Filter.To.Sub(rep.Filter.From))
+		require.Len(t, rep.Groups, 2)
+		g := rep.Groups[0] // most recent last attempt first
+		require.Equal(t, "again", g.Key)
+		require.EqualValues(t, 1, g.Duplicates)
+		require.Zero(t, g.Conflicts)
+		require.True(t, g.PossibleDuplicateEffect)
+		require.Equal(t, g.FirstAt, g.LastAt)
+		g = rep.Groups[1]
+		require.Equal(t, "busy", g.Key)
+		require.Equal(t, b.p.TenantID, g.TenantID)
+		require.NotEmpty(t, g.TenantName)
+		require.EqualValues(t, 2, g.Duplicates)
+		require.EqualValues(t, 1, g.Conflicts)
+		require.False(t, g.PossibleDuplicateEffect)
+		require.True(t, g.FirstAt.Before(g.LastAt))
+		require.True(t, g.FirstAt.After(start), "%v after %v", g.FirstAt, start)
+		require.Equal(t, time.UTC, g.FirstAt.Location())
+
+		// Filter by tenant name: the own tenant's name matches, another one empties the report.
+		named, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{Tenant: g.TenantName})
+		require.NoError(t, err)
+		require.Len(t, named.Groups, 2)
+		var otherName string
+		require.NoError(t, b.db.Model(&models.Tenant{}).Where("id = ?", other.TenantID).Pluck("name", &otherName).Error)
+		none, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{Tenant: otherName})
+		require.NoError(t, err)
+		require.Empty(t, none.Groups)
+		global, err := b.adm.Audit(bg, nil, AuditFilter{Tenant: otherName})
+		require.NoError(t, err)
+		require.Len(t, global.Groups, 1)
+		require.EqualValues(t, 2, global.Groups[0].Duplicates)
+
+		// A range that ended before the attempts holds none of them.
+		old, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{From: start.Add(-2 * time.Hour), To: start})
+		require.NoError(t, err)
+		require.Empty(t, old.Groups)
+
+		// The export streams one row per duplicate or conflicting attempt, oldest first.
+		var rows []AuditRow
+		require.NoError(t, b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, func(r AuditRow) error {
+			rows = append(rows, r)
+			return nil
+		}))
+		require.Len(t, rows, 4)
+		require.Equal(t, []string{"duplicate", "duplicate", "conflict", "duplicate"},
+			[]string{rows[0].Result, rows[1].Result, rows[2].Result, rows[3].Result})
+		require.Equal(t, "busy", rows[0].Key)
+		require.Equal(t, "again", rows[3].Key)
+		require.Equal(t, b.p.Prefix, rows[0].Caller)
+		require.Equal(t, "a", rows[0].Fingerprint)
+		require.NotEmpty(t, rows[0].OperationID)
+		require.Equal(t, g.TenantName, rows[0].TenantName)
+		for i := 1; i < len(rows); i++ {
+			require.False(t, rows[i].AttemptedAt.Before(rows[i-1].AttemptedAt))
+		}
+
+		// An error from fn stops the export.
+		stop := errors.New("stop")
+		n := 0
+		err = b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, func(AuditRow) error { n++; return stop })
+		require.ErrorIs(t, err, stop)
+		require.Equal(t, 1, n)
+	})
+}
+
+func TestAuditRejectsBadRanges(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		now := time.Now().UTC()
+		for name, f := range map[string]AuditFilter{
+			"to before from": {From: now, To: now.Add(-time.Hour)},
+			"empty range":    {From: now, To: now},
+			"over 31 days":   {From: now.Add(-MaxAuditSpan - time.Second), To: now},
+		} {
+			_, err := b.adm.Audit(bg, &b.p.TenantID, f)
+			require.ErrorIs(t, err, ErrInvalidRequest, name)
+			err = b.adm.AuditAttempts(bg, &b.p.TenantID, f, func(AuditRow) error { return nil })
+			require.ErrorIs(t, err, ErrInvalidRequest, name)
+		}
+		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{From: now.Add(-MaxAuditSpan), To: now})
+		require.NoError(t, err)
+		require.Empty(t, rep.Groups)
+	})
+}

@@ -1,0 +1,178 @@
+package web
+
+import (
+	"context"
+	"encoding/csv"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/PuerkitoBio/goquery"
+	"github.com/idemgate/idemgate/services"
+	"github.com/stretchr/testify/require"
+)
+
+// auditTableRow is one row of the Audit table.
+type auditTableRow struct {
+	key, duplicates, conflicts string
+	flagged                    bool
+}
+
+func (p dashPage) auditRows() []auditTableRow {
+	var out []auditTableRow
+	p.testid("audit-row").Each(func(_ int, s *goquery.Selection) {
+		cell := func(id string) string { return strings.TrimSpace(s.Find(`[data-testid="` + id + `"]`).Text()) }
+		out = append(out, auditTableRow{key: cell("audit-key"), duplicates: cell("audit-duplicates"),
+			conflicts: cell("audit-conflicts"), flagged: s.Find(`[data-testid="audit-flag"]`).Length() == 1})
+	})
+	return out
+}
+
+const auditFormulaKey = `=HYPERLINK("x")`
+
+// auditWorld makes, in tenant A: "dup" with two duplicates and a conflict, "again" succeeded
+// and then admitted again with one duplicate, and the formula key with one duplicate; in
+// tenant B: "dup" with one duplicate. Tenant A's attempts are then 5 duplicate/conflict rows.
+func (f *dashFixture) auditWorld(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	f.acquire(t, f.pA, "dup")
+	f.acquire(t, f.pA, "dup")
+	f.acquire(t, f.pA, "dup")
+	_, err := f.s.adm.Acquire(ctx, f.pA, services.AcquireInput{Key: "dup", TTLSeconds: 300, Operation: &f.op, Fingerprint: &f.op})
+	require.ErrorIs(t, err, services.ErrFingerprintMismatch)
+
+	first, err := f.s.adm.Acquire(ctx, f.pA, services.AcquireInput{Key: "again", TTLSeconds: 1, Operation: &f.op})
+	require.NoError(t, err)
+	_, err = f.s.adm.RecordOutcome(ctx, f.pA, first.OperationID, services.OutcomeInput{OwnerToken: first.OwnerToken, Status: "succeeded"})
+	require.NoError(t, err)
+	time.Sleep(1100 * time.Millisecond)
+	require.True(t, f.acquire(t, f.pA, "again").Admitted)
+	require.False(t, f.acquire(t, f.pA, "again").Admitted)
+
+	f.acquire(t, f.pA, auditFormulaKey)
+	f.acquire(t, f.pA, auditFormulaKey)
+
+	f.acquire(t, f.pB, "dup")
+	f.acquire(t, f.pB, "dup")
+}
+
+func TestDashboardAuditGroupsAndFlags(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		f.auditWorld(t)
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		p := b.get("/audit")
+		require.Equal(t, http.StatusOK, p.status, p.body)
+		requirePageHeaders(t, p)
+		require.Equal(t, 1, p.testid("audit-filter").Length())
+		require.Equal(t, 1, p.testid("audit-table").Length())
+		require.Zero(t, p.testid("audit-tenant").Length(), "a restricted account has no tenant filter")
+
+		rows := p.auditRows()
+		require.Equal(t, []auditTableRow{
+			{key: auditFormulaKey, duplicates: "1", conflicts: "0"},
+			{key: "again", duplicates: "1", conflicts: "0", flagged: true},
+			{key: "dup", duplicates: "2", conflicts: "1"},
+		}, rows)
+		require.Contains(t, p.testid("audit-flag").Text(), "Admitted again after success")
+		href, _ := p.testid("audit-csv").Attr("href")
+		require.Equal(t, "/audit.csv", href)
+
+		// A tenant name in the query is ignored for a restricted account.
+		require.Len(t, b.get("/audit?tenant="+f.tenantB).auditRows(), 3)
+
+		// A range that ends before the attempts shows none, and the CSV link keeps the query.
+		from := time.Now().UTC().Add(-48 * time.Hour).Format("2006-01-02T15:04")
+		to := time.Now().UTC().Add(-24 * time.Hour).Format("2006-01-02T15:04")
+		old := b.get("/audit?from=" + from + "&to=" + to)
+		require.Equal(t, http.StatusOK, old.status)
+		require.Empty(t, old.auditRows())
+		require.Equal(t, 1, old.testid("audit-empty").Length())
+		v, _ := old.testid("audit-from").Attr("value")
+		require.Equal(t, from, v)
+		href, _ = old.testid("audit-csv").Attr("href")
+		require.Contains(t, href, "/audit.csv?")
+		require.Contains(t, href, "from="+strings.ReplaceAll(from, ":", "%3A"))
+
+		// A global auditor may filter by tenant.
+		g := newDashBrowser(t, f.s)
+		g.mustLogin(f.global)
+		gp := g.get("/audit?tenant=" + f.tenantB)
+		require.Equal(t, http.StatusOK, gp.status, gp.body)
+		require.Equal(t, []auditTableRow{{key: "dup", duplicates: "1", conflicts: "0"}}, gp.auditRows())
+		require.Equal(t, f.tenantB, strings.TrimSpace(gp.testid("audit-tenant-name").Text()))
+		require.Equal(t, 1, gp.testid("audit-tenant").Length())
+	})
+}
+
+func TestDashboardAuditBadRange(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.global)
+		for _, q := range []string{
+			"from=2026-01-02T00:00&to=2026-01-01T00:00", // to before from
+			"from=2026-01-01T00:00&to=2026-03-01T00:00", // over 31 days
+			"from=yesterday",
+		} {
+			for _, path := range []string{"/audit?", "/audit.csv?"} {
+				p := b.get(path + q)
+				require.Equal(t, http.StatusBadRequest, p.status, path+q)
+				require.Equal(t, 1, p.testid("error-page").Length(), path+q)
+				require.Equal(t, "text/html; charset=utf-8", p.header.Get("Content-Type"))
+			}
+		}
+	})
+}
+
+func TestDashboardAuditCSV(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		f.auditWorld(t)
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		p := b.get("/audit.csv")
+		require.Equal(t, http.StatusOK, p.status, p.body)
+		require.Equal(t, "text/csv; charset=utf-8", p.header.Get("Content-Type"))
+		require.Regexp(t, regexp.MustCompile(`^attachment; filename="idemgate-audit-\d{8}T\d{6}Z-\d{8}T\d{6}Z\.csv"$`),
+			p.header.Get("Content-Disposition"))
+
+		recs, err := csv.NewReader(strings.NewReader(p.body)).ReadAll()
+		require.NoError(t, err)
+		require.Equal(t, []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller",
+			"fingerprint", "correlation_id"}, recs[0])
+		recs = recs[1:]
+		require.Len(t, recs, 5, "one row per duplicate or conflicting attempt of tenant A")
+		results := map[string][]string{}
+		for _, r := range recs {
+			require.Equal(t, f.tenantA, r[0])
+			_, err := time.Parse(time.RFC3339, r[2])
+			require.NoError(t, err, r[2])
+			require.NotEmpty(t, r[4], "operation id")
+			require.Equal(t, f.pA.Prefix, r[6])
+			results[r[1]] = append(results[r[1]], r[3])
+		}
+		require.Equal(t, []string{"duplicate", "duplicate", "conflict"}, results["dup"])
+		require.Equal(t, []string{"duplicate"}, results["again"])
+		// The formula key is neutralised: a spreadsheet shows it as text.
+		require.Equal(t, []string{"duplicate"}, results["'"+auditFormulaKey])
+		require.NotContains(t, results, auditFormulaKey)
+
+		// Signed out, the export redirects to sign-in.
+		out := newDashBrowser(t, f.s).get("/audit.csv")
+		require.Equal(t, http.StatusSeeOther, out.status)
+	})
+}
+
+func TestCSVCell(t *testing.T) {
+	for in, want := range map[string]string{
+		"order-1": "order-1", "=1+1": "'=1+1", "+1": "'+1", "-1": "'-1", "@SUM(A1)": "'@SUM(A1)",
+		"\tx": "'\tx", "\rx": "'\rx", "": "", "a=b": "a=b",
+	} {
+		require.Equal(t, want, csvCell(in), in)
+	}
+}
