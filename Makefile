@@ -3,15 +3,25 @@ SHELL := /bin/bash
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test check generate bench fmt
+.PHONY: run test check generate bench fmt e2e
 
 run:
 	$(GO) run .
 
 # The whole test: start PostgreSQL if needed, static checks, then every test with the race
-# detector against real PostgreSQL and SQLite databases.
+# detector against real PostgreSQL and SQLite databases, then the browser tests (e2e).
 test: check
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	@$(MAKE) --no-print-directory e2e
+
+# Browser tests: e2e/setup.sh installs Debian's Chromium and the playwright driver when
+# missing (fast no-op otherwise), then the dashboard is driven in headless Chromium against
+# the built binary and a throwaway PostgreSQL database. Screenshots: $$E2E_SCREENSHOTS
+# (default e2e/screenshots).
+e2e:
+	.ci/postgres.sh
+	bash e2e/setup.sh
+	$(GO) test -tags e2e -count=1 -timeout 10m ./e2e/...
 
 check:
 	.ci/postgres.sh

@@ -379,7 +379,7 @@ func KeysPage(p KeysProps) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "\" data-testid=\"filter-expiring-soon\">⏱ Expiring in 5 min</a></div><form class=\"filters\" method=\"get\" action=\"/keys\" role=\"search\" data-testid=\"keys-filter\"><div class=\"field\"><label for=\"f-state\">State</label> <select class=\"select\" id=\"f-state\" name=\"state\" data-testid=\"filter-state\"><option value=\"\">All states</option> ")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "\" data-testid=\"filter-expiring-soon\">◷ Expiring in 5 min</a></div><form class=\"filters\" method=\"get\" action=\"/keys\" role=\"search\" data-testid=\"keys-filter\"><div class=\"field\"><label for=\"f-state\">State</label> <select class=\"select\" id=\"f-state\" name=\"state\" data-testid=\"filter-state\"><option value=\"\">All states</option> ")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -530,7 +530,7 @@ func KeysPage(p KeysProps) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 36, "\" hx-trigger=\"every 5s [document.visibilityState === 'visible']\" hx-select=\"#keys-results\" hx-swap=\"outerHTML\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 36, "\" hx-trigger=\"every 5s\" hx-select=\"#keys-results\" hx-swap=\"outerHTML\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

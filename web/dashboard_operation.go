@@ -1,6 +1,289 @@
 package web
 
-import "github.com/gofiber/fiber/v2"
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
 
-// operationRoutes registers the operation detail page and its actions (SPEC.md §5).
-func (s *Server) operationRoutes(csrfProtect fiber.Handler) {}
+	"github.com/gofiber/fiber/v2"
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/views"
+)
+
+// operationRoutes registers the operation detail page and its actions (SPEC.md §5). The POSTs
+// check the role in requireActor before the handler runs, and the services check it again.
+func (s *Server) operationRoutes(csrfProtect fiber.Handler) {
+	s.app.Get("/operations/:id", pageHeaders, s.requireOperator, csrfProtect, handleOperationPage(s))
+	s.app.Post("/operations/:id/outcome", pageHeaders, s.requireOperator, csrfProtect, s.requireActor, handleOperationOutcome(s))
+	s.app.Post("/operations/:id/release", pageHeaders, s.requireOperator, csrfProtect, s.requireActor, handleOperationRelease(s))
+}
+
+// operationFlashes are the only messages a ?done= parameter can show, so a crafted link cannot put
+// arbitrary text on the page.
+var operationFlashes = map[string]string{
+	"outcome":  "Outcome recorded.",
+	"released": "Key released.",
+}
+
+// operatorMayAct reports whether the account may record outcomes and release keys (SPEC.md §5).
+func operatorMayAct(op *services.OperatorAccount) bool {
+	return op != nil && (op.Role == models.RoleAdmin || op.Role == models.RoleOperator)
+}
+
+// requireActor refuses the dashboard's state-changing requests to read-only accounts
+// (auditors), even when the form was crafted by hand with a valid CSRF token.
+func (s *Server) requireActor(c *fiber.Ctx) error {
+	if !operatorMayAct(currentOperator(c)) {
+		return s.renderErrorPage(c, fiber.StatusForbidden, "Your account is read-only: it may view operations but not change them. Nothing was done.")
+	}
+	return c.Next()
+}
+
+// operationURL is the detail page of operation id.
+func operationURL(id string) string { return "/operations/" + url.PathEscape(id) }
+
+// handleOperationPage is GET /operations/{id}.
+func handleOperationPage(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		return s.renderOperation(c, fiber.StatusOK, operationForm{flash: operationFlashes[c.Query("done")]})
+	}
+}
+
+// handleOperationOutcome is POST /operations/{id}/outcome: record a confirmed outcome, then
+// back to the page (303) with a flash, or the page again with the refusal.
+func handleOperationOutcome(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		form := operationForm{outcome: views.OutcomeFormValues{
+			Status: c.FormValue("status"), Receipt: c.FormValue("receipt"), Note: c.FormValue("note"),
+		}}
+		in := services.ReconcileInput{Status: form.outcome.Status, Note: form.outcome.Note}
+		if form.outcome.Receipt != "" {
+			r := form.outcome.Receipt
+			in.Receipt = &r
+		}
+		op, err := s.adm.ReconcileOutcome(c.UserContext(), currentOperator(c), c.Params("id"), in)
+		if err == nil {
+			return c.Redirect(operationURL(op.ID)+"?done=outcome", fiber.StatusSeeOther)
+		}
+		return s.refuseAction(c, err, "Not recorded: ", form)
+	}
+}
+
+// handleOperationRelease is POST /operations/{id}/release: the owner-checked release of the
+// operation and fencing token the operator saw. A refusal names the key's current holder.
+func handleOperationRelease(s *Server) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		form := operationForm{release: views.ReleaseFormValues{Reason: c.FormValue("reason")}}
+		if c.FormValue("confirm") != "yes" {
+			form.status, form.problem = fiber.StatusBadRequest, "Not released: tick the confirmation box to release the key. Nothing was changed."
+			return s.renderOperation(c, form.status, form)
+		}
+		fencing, _ := strconv.ParseInt(c.FormValue("fencing_token"), 10, 64) // the service refuses 0
+		op, err := s.adm.OperatorRelease(c.UserContext(), currentOperator(c), c.Params("id"), services.OperatorReleaseInput{
+			OperationID: c.FormValue("operation_id"), FencingToken: fencing, Reason: form.release.Reason,
+		})
+		if err == nil {
+			return c.Redirect(operationURL(op.ID)+"?done=released", fiber.StatusSeeOther)
+		}
+		return s.refuseAction(c, err, "Not released: ", form)
+	}
+}
+
+// operationForm is the state of the page's action forms after a submission.
+type operationForm struct {
+	status  int
+	flash   string
+	problem string
+	outcome views.OutcomeFormValues
+	release views.ReleaseFormValues
+}
+
+// refuseAction answers a refused action: the page again with the reason (400 for invalid
+// input, 409 for a state that does not allow it), 404 or 403 pages, or the error handler for
+// anything unexpected.
+func (s *Server) refuseAction(c *fiber.Ctx, err error, prefix string, form operationForm) error {
+	var held *services.HeldByAnotherError
+	var de *services.Error
+	switch {
+	case errors.As(err, &held):
+		h := held.Holder
+		attempt := "no attempt_id"
+		if h.AttemptID != nil {
+			attempt = "attempt " + *h.AttemptID
+		}
+		form.status, form.problem = fiber.StatusConflict, fmt.Sprintf(
+			"Not released: the key is now held by operation %s (fencing token %d, %s). Nothing was changed.",
+			h.OperationID, h.FencingToken, attempt)
+	case !errors.As(err, &de):
+		return err
+	case de.Code == services.CodeNotFound:
+		return s.renderErrorPage(c, fiber.StatusNotFound, "There is no such operation, or your account may not see it.")
+	case de.Code == services.CodeUnauthorized:
+		return s.renderErrorPage(c, fiber.StatusForbidden, de.Message)
+	case de.Code == services.CodeInvalidRequest:
+		form.status, form.problem = fiber.StatusBadRequest, prefix+operationFieldProblems(de)+" Nothing was changed."
+	case de.Code == services.CodeStoreUnavailable:
+		return err
+	default:
+		form.status, form.problem = fiber.StatusConflict, prefix+operationRefusal(de)
+	}
+	return s.renderOperation(c, form.status, form)
+}
+
+// operationRefusal explains a refusal by state in the operator's terms.
+func operationRefusal(de *services.Error) string {
+	switch de.Code {
+	case services.CodeKeyNotHeld:
+		return "nobody holds the key any more (the hold was released or expired and was cleared). Nothing was changed."
+	case services.CodeEffectConfirmed:
+		return "the operation succeeded, so its key stays held until it expires. Nothing was changed."
+	case services.CodeOutcomeUncertain:
+		return "the operation's outcome is uncertain. Record the confirmed outcome first. Nothing was changed."
+	}
+	return de.Message
+}
+
+// operationFormLabels name the form fields as the page labels them.
+var operationFormLabels = map[string]string{
+	"status": "Outcome", "receipt": "Receipt", "note": "Note",
+	"operation_id": "Operation", "fencing_token": "Fencing token", "reason": "Reason",
+}
+
+// operationFieldProblems joins a validation error's fields into one sentence.
+func operationFieldProblems(de *services.Error) string {
+	parts := make([]string, 0, len(de.Fields))
+	for _, f := range de.Fields {
+		label := operationFormLabels[f.Field]
+		if label == "" {
+			label = f.Field
+		}
+		parts = append(parts, label+" "+f.Message)
+	}
+	if len(parts) == 0 {
+		return de.Message
+	}
+	return strings.Join(parts, "; ") + "."
+}
+
+// renderOperation renders the detail page of the operation in the URL as the signed-in
+// account may see it, with form's flash, refusal and typed values.
+func (s *Server) renderOperation(c *fiber.Ctx, status int, form operationForm) error {
+	acct := currentOperator(c)
+	if acct == nil {
+		return redirectToLogin(c)
+	}
+	d, err := s.adm.OperationForOperator(c.UserContext(), acct, c.Params("id"))
+	if errors.Is(err, services.ErrNotFound) {
+		return s.renderErrorPage(c, fiber.StatusNotFound, "There is no such operation, or your account may not see it.")
+	} else if err != nil {
+		return err
+	}
+	nav, err := s.navFor(c, acct, "keys")
+	if err != nil {
+		return err
+	}
+	p := operationProps(nav, d, operatorMayAct(acct))
+	p.Flash, p.ActionError, p.Outcome, p.Release = form.flash, form.problem, form.outcome, form.release
+	return render(c, status, views.OperationPage(p))
+}
+
+// opPageTime formats t for display (UTC) and for <time datetime>.
+func opPageTime(t time.Time) (string, string) {
+	if t.IsZero() {
+		return "", ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05"), t.UTC().Format(time.RFC3339)
+}
+
+// opPrettyJSON indents raw JSON for a <pre>; the page shows it as text, never as markup.
+func opPrettyJSON(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return buf.String()
+}
+
+func opText(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// operationProps maps the service's view of an operation to the page. canAct is whether the
+// account may act at all; the state and hold decide which forms apply.
+func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) views.OperationProps {
+	id := d.ID
+	v := views.OperationView{
+		ID: id, URL: operationURL(id), Key: d.Key, Tenant: d.TenantName, Name: opText(d.Operation.Operation), State: d.State,
+		StateReason: opText(d.StateReason), FencingToken: strconv.FormatInt(d.FencingToken, 10),
+		CorrelationID: opText(d.CorrelationID), Fingerprint: opText(d.Fingerprint), ReleaseReason: opText(d.ReleaseReason),
+		Metadata: opPrettyJSON(d.Metadata), Duplicates: strconv.FormatInt(d.DuplicateAttempts, 10),
+		Conflicts: strconv.FormatInt(d.ConflictAttempts, 10), Held: "No",
+		OutcomeActionURL: operationURL(id) + "/outcome", ReleaseActionURL: operationURL(id) + "/release",
+		ReleaseOperation: id, ReleaseFencingTok: strconv.FormatInt(d.FencingToken, 10),
+	}
+	if v.Tenant == "" {
+		v.Tenant = "#" + strconv.FormatInt(d.TenantID, 10)
+	}
+	v.AcquiredAt, v.AcquiredISO = opPageTime(d.AcquiredAt)
+	v.ExpiresAt, v.ExpiresISO = opPageTime(d.ExpiresAt)
+	if d.ReleasedAt != nil {
+		v.ReleasedAt, v.ReleasedISO = opPageTime(*d.ReleasedAt)
+	}
+	switch {
+	case d.Held:
+		v.Held = "Yes"
+	case d.HoldsKey:
+		v.Held = "Expired, not yet cleared"
+	}
+	if h := d.Holder; h != nil && h.OperationID != id {
+		v.Holder = fmt.Sprintf("%s (fencing token %d)", h.OperationID, h.FencingToken)
+		v.HolderURL = operationURL(h.OperationID)
+	}
+	for _, a := range d.Attempts {
+		if a.Result == models.ResultAdmitted && a.AttemptID != nil && v.AttemptID == "" {
+			v.AttemptID = *a.AttemptID
+		}
+	}
+	if o := d.Outcome; o != nil {
+		v.HasOutcome, v.OutcomeStatus, v.Receipt, v.Note = true, o.Status, opText(o.Receipt), opText(o.Note)
+		v.RecordedBy = o.RecordedBy
+		v.RecordedAt, _ = opPageTime(o.RecordedAt)
+		v.StoredResponse = opPrettyJSON(o.Response)
+	}
+	p := views.OperationProps{
+		Nav: nav, Op: v,
+		Attempts:        make([]views.AttemptRow, 0, len(d.Attempts)),
+		Events:          make([]views.EventRow, 0, len(d.Events)),
+		Generations:     make([]views.GenerationRow, 0, len(d.Generations)),
+		ShowOutcomeForm: canAct && (d.State == models.StateInProgress || d.State == models.StateUncertain),
+		ShowReleaseForm: canAct && d.HoldsKey && (d.State == models.StateInProgress || d.State == models.StateFailed),
+	}
+	for _, a := range d.Attempts {
+		r := views.AttemptRow{Result: a.Result, Caller: a.Caller, AttemptID: opText(a.AttemptID)}
+		r.At, r.AtISO = opPageTime(a.AttemptedAt)
+		p.Attempts = append(p.Attempts, r)
+	}
+	for _, e := range d.Events {
+		r := views.EventRow{Actor: e.Actor, Kind: e.Kind, Detail: e.Detail}
+		r.At, r.AtISO = opPageTime(e.CreatedAt)
+		p.Events = append(p.Events, r)
+	}
+	for _, g := range d.Generations {
+		at, _ := opPageTime(g.AcquiredAt)
+		p.Generations = append(p.Generations, views.GenerationRow{FencingToken: strconv.FormatInt(g.FencingToken, 10),
+			State: g.State, AcquiredAt: at, URL: operationURL(g.ID), Current: g.ID == id})
+	}
+	return p
+}

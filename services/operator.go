@@ -1,0 +1,406 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// MaxGenerations bounds how many operations of one key OperationForOperator returns: the newest
+// ones, so a key retried for years still renders one bounded page.
+const MaxGenerations = 200
+
+// HolderInfo is the operation whose hold is on a key right now (the key row's holder), as the
+// dashboard names it. AttemptID is the caller's attempt_id, nil when it sent none. ExpiresAt may
+// be in the past: the hold expired and no acquire or reaper pass has cleared it yet.
+type HolderInfo struct {
+	OperationID  string
+	FencingToken int64
+	AttemptID    *string
+	AcquiredAt   time.Time
+	ExpiresAt    time.Time
+}
+
+// HeldByAnotherError refuses an operator release because another operation holds the key now:
+// the operator saw an older generation (SPEC.md §5 "Owner-checked release"). Nothing was
+// changed. errors.Is(err, ErrNotOwner) is true and errors.As finds an *Error with code
+// not_owner, so it maps to 409 like any not_owner refusal; Holder names the hold to show.
+type HeldByAnotherError struct {
+	Holder HolderInfo
+}
+
+// Error names the holder.
+func (e *HeldByAnotherError) Error() string {
+	return e.asError().Error()
+}
+
+// Is matches ErrNotOwner (any *Error with code not_owner).
+func (e *HeldByAnotherError) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == CodeNotOwner
+}
+
+// Unwrap returns the equivalent *Error, for callers that map errors by code.
+func (e *HeldByAnotherError) Unwrap() error { return e.asError() }
+
+func (e *HeldByAnotherError) asError() *Error {
+	msg := fmt.Sprintf("The key is now held by operation %s (fencing token %d", e.Holder.OperationID, e.Holder.FencingToken)
+	if e.Holder.AttemptID != nil {
+		msg += ", attempt " + *e.Holder.AttemptID
+	}
+	return &Error{Code: CodeNotOwner, Message: msg + "); nothing was changed."}
+}
+
+// Generation is one operation of a key, as listed beside its other operations: each admission
+// of the key after the previous hold ended is a new generation with the next fencing token.
+type Generation struct {
+	ID           string
+	FencingToken int64
+	State        string
+	AcquiredAt   time.Time
+}
+
+// OperatorOperation is an operation as the dashboard's detail page shows it (SPEC.md §5): the
+// operation with its attempts and events (OperationDetail), the tenant it belongs to, the key's
+// current holder, and the key's generations.
+type OperatorOperation struct {
+	OperationDetail
+	TenantID   int64
+	TenantName string
+	// Holder is the key's holder right now (this operation or another), nil when nobody
+	// holds it. Its hold may have expired without being cleared yet (see HolderInfo).
+	Holder *HolderInfo
+	// HoldsKey is true when this operation is the key's holder, live or expired but not yet
+	// cleared: exactly when OperatorRelease can release it (given a releasable state).
+	HoldsKey bool
+	// Generations are the key's operations by fencing token, oldest first: at most the newest
+	// MaxGenerations.
+	Generations []Generation
+	// Now is the database time the page was read at, the clock that decides expiry.
+	Now time.Time
+}
+
+// ReconcileInput is an operator's confirmed outcome (SPEC.md §5 "Record confirmed outcome").
+// Status is succeeded or failed; Receipt is optional (at most 512 characters); Note is
+// mandatory (1 to 1000 characters) and says how the operator knows.
+type ReconcileInput struct {
+	Status  string
+	Receipt *string
+	Note    string
+}
+
+func (in *ReconcileInput) validate() error {
+	var fe []FieldError
+	switch in.Status {
+	case models.StateSucceeded, models.StateFailed:
+	case "":
+		fe = append(fe, FieldError{Field: "status", Message: "is required: succeeded or failed"})
+	default:
+		fe = append(fe, FieldError{Field: "status", Message: "must be succeeded or failed"})
+	}
+	if in.Receipt != nil {
+		if msg := validateText(*in.Receipt, MaxReceiptChars, true); msg != "" {
+			fe = append(fe, FieldError{Field: "receipt", Message: msg})
+		}
+	}
+	if msg := requiredText(in.Note, MaxNoteChars); msg != "" {
+		fe = append(fe, FieldError{Field: "note", Message: msg})
+	}
+	if len(fe) > 0 {
+		return invalid(fe...)
+	}
+	return nil
+}
+
+// OperatorReleaseInput is an operator's owner-checked release (SPEC.md §5): OperationID and
+// FencingToken are what the operator saw on the page; Reason is mandatory (1 to 500
+// characters).
+type OperatorReleaseInput struct {
+	OperationID  string
+	FencingToken int64
+	Reason       string
+}
+
+// validate checks in against the operation id of the URL (already normalised).
+func (in *OperatorReleaseInput) validate(id string) error {
+	var fe []FieldError
+	if u, err := uuid.Parse(in.OperationID); err != nil || u.String() != id {
+		fe = append(fe, FieldError{Field: "operation_id", Message: "must be the id of the operation being released"})
+	}
+	if in.FencingToken < 1 {
+		fe = append(fe, FieldError{Field: "fencing_token", Message: "must be a positive integer"})
+	}
+	if msg := requiredText(in.Reason, MaxReasonChars); msg != "" {
+		fe = append(fe, FieldError{Field: "reason", Message: msg})
+	}
+	if len(fe) > 0 {
+		return invalid(fe...)
+	}
+	return nil
+}
+
+// requiredText checks a mandatory free-text field; whitespace alone does not count as text.
+func requiredText(s string, max int) string {
+	if strings.TrimSpace(s) == "" {
+		return "is required"
+	}
+	return validateText(s, max, false)
+}
+
+// canAct reports whether acct may record outcomes and release keys (SPEC.md §5): admins and
+// operators; auditors are read-only.
+func canAct(acct *OperatorAccount) error {
+	if acct != nil && (acct.Role == models.RoleAdmin || acct.Role == models.RoleOperator) {
+		return nil
+	}
+	return &Error{Code: CodeUnauthorized, Message: "This account is read-only; only admins and operators may act on operations."}
+}
+
+// operatorOpRow reads operation id (already normalised) as acct may see it. A tenant-restricted
+// account gets ErrNotFound for other tenants' operations, exactly as for unknown ids, so
+// existence does not leak.
+func (a *Admission) operatorOpRow(tx *gorm.DB, acct *OperatorAccount, id string) (*models.Operation, error) {
+	q := tx.Where("id = ?", id)
+	if acct.TenantID != nil {
+		q = q.Where("tenant_id = ?", *acct.TenantID)
+	}
+	var op models.Operation
+	err := q.Take(&op).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	return &op, err
+}
+
+// normaliseID parses an operation id from a URL; anything that is not a UUID is ErrNotFound.
+func normaliseID(id string) (string, error) {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return "", ErrNotFound
+	}
+	return u.String(), nil // the stored spelling: PostgreSQL would match others, SQLite would not
+}
+
+// OperationForOperator returns operation id for the dashboard's detail page (SPEC.md §5): the
+// operation with attempts and events, its tenant's name, the key's current holder and the key's
+// generations. Global accounts (acct.TenantID nil) see every tenant. Errors: ErrNotFound (a
+// malformed id, an unknown one, or another tenant's for a restricted account),
+// ErrStoreUnavailable.
+func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAccount, id string) (*OperatorOperation, error) {
+	id, err := normaliseID(id)
+	if err != nil {
+		return nil, err
+	}
+	tx := a.db.WithContext(ctx)
+	m, err := a.operatorOpRow(tx, acct, id)
+	if err != nil {
+		return nil, storeError("get operation", err)
+	}
+	d, err := a.GetOperation(ctx, m.TenantID, id)
+	if err != nil {
+		return nil, err
+	}
+	out := &OperatorOperation{OperationDetail: *d, TenantID: m.TenantID}
+	if out.TenantName, err = a.TenantName(ctx, m.TenantID); errors.Is(err, ErrNotFound) {
+		out.TenantName = "" // tenants are never deleted today; show the id rather than fail
+	} else if err != nil {
+		return nil, err
+	}
+	if out.Now, err = a.db.Now(ctx, tx); err != nil {
+		return nil, storeError("get operation", err)
+	}
+	var ks []models.IdemKey
+	if err := tx.Where("tenant_id = ? AND key = ?", m.TenantID, m.Key).Limit(1).Find(&ks).Error; err != nil {
+		return nil, storeError("get operation", err)
+	}
+	if len(ks) == 1 && ks[0].HolderOperationID != nil {
+		h, err := holderInfo(tx, &ks[0])
+		if err != nil {
+			return nil, storeError("get operation", err)
+		}
+		out.Holder = h
+		out.HoldsKey = h.OperationID == id
+	}
+	var gens []models.Operation
+	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
+		Where("tenant_id = ? AND key = ?", m.TenantID, m.Key).
+		Order("fencing_token DESC").Limit(MaxGenerations).Find(&gens).Error; err != nil {
+		return nil, storeError("get operation", err)
+	}
+	slices.Reverse(gens)
+	out.Generations = make([]Generation, 0, len(gens))
+	for _, g := range gens {
+		out.Generations = append(out.Generations, Generation{ID: g.ID, FencingToken: g.FencingToken, State: g.State,
+			AcquiredAt: g.AcquiredAt.UTC()})
+	}
+	return out, nil
+}
+
+// holderInfo describes the hold on k, which must have a holder.
+func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
+	h := &HolderInfo{OperationID: *k.HolderOperationID, FencingToken: k.FencingToken, AcquiredAt: k.AcquiredAt.UTC()}
+	if k.ExpiresAt != nil {
+		h.ExpiresAt = k.ExpiresAt.UTC()
+	}
+	var ops []models.Operation
+	if err := tx.Select("id", "attempt_id").Where("id = ?", h.OperationID).Limit(1).Find(&ops).Error; err != nil {
+		return nil, err
+	}
+	if len(ops) == 1 {
+		h.AttemptID = ops[0].AttemptID
+	}
+	return h, nil
+}
+
+// ReconcileOutcome records an operator's confirmed outcome of operation id (SPEC.md §3 and §5):
+// in_progress or uncertain becomes succeeded or failed, recorded as the operator's username,
+// with an event in the same transaction. The hold is left alone: a succeeded operation keeps
+// answering duplicates until its TTL, and releasing a failed one is a separate, owner-checked
+// step. An outcome response the caller stored earlier is kept. Errors: ErrUnauthorized (an
+// auditor: read-only), ErrNotFound (as OperationForOperator), ErrInvalidRequest (bad status,
+// receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
+// state, including a repeat after the outcome is recorded), ErrStoreUnavailable.
+func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (*Operation, error) {
+	if err := canAct(acct); err != nil {
+		return nil, err
+	}
+	id, err := normaliseID(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := in.validate(); err != nil {
+		return nil, err
+	}
+	var out *Operation
+	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if _, err := a.operatorOpRow(tx, acct, id); err != nil {
+			return err
+		}
+		var op models.Operation
+		if err := a.forUpdate(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+			return err
+		}
+		now, err := a.db.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if op.State != models.StateInProgress && op.State != models.StateUncertain {
+			if op.OutcomeStatus != nil && *op.OutcomeStatus == in.Status && sameOptional(op.OutcomeReceipt, in.Receipt) {
+				// SPEC.md §3: the same outcome again succeeds and changes nothing (a form
+				// submitted twice, two operators agreeing).
+				out, err = loadOperation(tx, op.TenantID, id, now)
+				return err
+			}
+			return &Error{Code: CodeInvalidTransition, Message: fmt.Sprintf(
+				"The operation is %s; an outcome can be recorded only while it is in_progress or uncertain.", op.State)}
+		}
+		note := in.Note
+		if err := applyOutcome(tx, &op, in.Status, in.Receipt, rawJSON(op.OutcomeResponse), &note, false,
+			acct.Username, now); err != nil {
+			return err
+		}
+		out, err = loadOperation(tx, op.TenantID, id, now)
+		return err
+	})
+	if err != nil {
+		return nil, storeError("reconcile outcome", err)
+	}
+	return out, nil
+}
+
+// OperatorRelease releases operation id's hold on its key for an operator (SPEC.md §5
+// "Owner-checked release"), only if that operation still holds the key with the fencing token
+// the operator saw, and its state is in_progress or failed. The hold is cleared by compare on
+// the operation id (releaseHold), the operation becomes released, and an event names the
+// operator. A hold that expired but has not been cleared yet (no takeover, no reaper pass) is
+// releasable: the operator is explicitly cleaning up, and clearing it changes nothing another
+// attempt relies on.
+//
+// Errors, none of which change anything: ErrUnauthorized (an auditor), ErrNotFound (as
+// OperationForOperator), ErrInvalidRequest (operation_id not the URL's, fencing token not
+// positive, missing or over-long reason), *HeldByAnotherError (another operation holds the key
+// now; errors.Is ErrNotOwner), ErrKeyNotHeld (nobody holds the key), ErrNotOwner (this
+// operation holds the key under another fencing token than the operator saw),
+// ErrEffectConfirmed (succeeded), ErrOutcomeUncertain (uncertain: reconcile first),
+// ErrInvalidTransition (already released), ErrStoreUnavailable.
+func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (*Operation, error) {
+	if err := canAct(acct); err != nil {
+		return nil, err
+	}
+	id, err := normaliseID(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := in.validate(id); err != nil {
+		return nil, err
+	}
+	var out *Operation
+	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		seen, err := a.operatorOpRow(tx, acct, id)
+		if err != nil {
+			return err
+		}
+		// Key row first, then the operation: the order acquire, release and the reaper lock in,
+		// so a release racing a takeover of the same key waits instead of deadlocking.
+		var k models.IdemKey
+		err = a.forUpdate(tx).Where("tenant_id = ? AND key = ?", seen.TenantID, seen.Key).Take(&k).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return ErrKeyNotHeld
+		} else if err != nil {
+			return err
+		}
+		var op models.Operation
+		if err := a.forUpdate(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+			return err
+		}
+		now, err := a.db.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case k.HolderOperationID == nil:
+			return &Error{Code: CodeKeyNotHeld, Message: "Nobody holds the key any more; nothing was changed."}
+		case *k.HolderOperationID != id:
+			if k.ExpiresAt == nil || !k.ExpiresAt.After(now) {
+				// The newer holder's hold ran out too: nobody holds the key, and the next
+				// acquire takes it over.
+				return &Error{Code: CodeKeyNotHeld, Message: "Nobody holds the key any more; nothing was changed."}
+			}
+			h, err := holderInfo(tx, &k)
+			if err != nil {
+				return err
+			}
+			return &HeldByAnotherError{Holder: *h}
+		case k.FencingToken != in.FencingToken || op.FencingToken != in.FencingToken:
+			return &Error{Code: CodeNotOwner, Message: fmt.Sprintf(
+				"The operation holds the key with fencing token %d, not %d; reload the page. Nothing was changed.",
+				k.FencingToken, in.FencingToken)}
+		}
+		switch op.State {
+		case models.StateSucceeded:
+			return ErrEffectConfirmed
+		case models.StateUncertain:
+			return ErrOutcomeUncertain
+		case models.StateInProgress, models.StateFailed:
+		default:
+			return ErrInvalidTransition
+		}
+		reason := in.Reason
+		if err := releaseHold(tx, &op, now, &reason, acct.Username); err != nil {
+			return err
+		}
+		out, err = loadOperation(tx, op.TenantID, id, now)
+		return err
+	})
+	if err != nil {
+		return nil, storeError("operator release", err)
+	}
+	return out, nil
+}
