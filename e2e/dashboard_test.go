@@ -100,6 +100,11 @@ func TestKeysPage(t *testing.T) {
 	must(t, expect.Locator(rowOf(page, "key-row", uncertain.Key)).ToHaveCount(1), "uncertain key listed")
 	must(t, expect.Locator(rowOf(page, "key-row", succeeded.Key)).ToHaveCount(0), "succeeded key filtered out")
 	shot(t, page, "uncertain")
+
+	gotoPage(t, page, "/")
+	must(t, expect.Locator(page.GetByTestId("overview-chart")).ToBeVisible(), "overview chart")
+	must(t, expect.Locator(page.GetByTestId("overview-needs-reconciliation")).Not().ToHaveText("0"), "the uncertain key counts")
+	shot(t, page, "overview")
 }
 
 // TestKeysAutoRefresh: the Keys table refreshes itself (htmx, every 5 s) and keeps the filter:
