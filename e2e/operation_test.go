@@ -153,3 +153,32 @@ func TestAuditorReadOnly(t *testing.T) {
 		t.Errorf("auditor's sign-out with the page's CSRF token answered %d, want 303", got)
 	}
 }
+
+// TestReleaseFailedOperation: the destination refused a charge and the service recorded
+// failed but kept the key; an operator releases it from the dashboard, and the next attempt
+// is admitted with the next fencing token.
+func TestReleaseFailedOperation(t *testing.T) {
+	key := uniqueKey("charge:declined")
+	a := admit(t, key, 3600)
+	recordOutcome(t, a, "failed", "decline_"+runID)
+
+	page := newPage(t)
+	failOnDialog(t, page)
+	login(t, page, adminUser, adminPassword)
+	gotoPage(t, page, "/operations/"+a.OperationID)
+	must(t, expect.Locator(page.GetByTestId("op-state")).ToContainText(ci("failed")), "failed operation")
+	must(t, page.GetByTestId("release-reason").Fill("Card declined; nothing was charged."), "fill reason")
+	must(t, page.GetByTestId("release-confirm").Check(), "confirm")
+	must(t, page.GetByTestId("release-submit").Click(), "release")
+	must(t, expect.Locator(page.GetByTestId("flash")).ToBeVisible(), "success message")
+	must(t, expect.Locator(page.GetByTestId("op-state")).ToContainText(ci("released")), "now released")
+	must(t, expect.Locator(page.GetByTestId("events")).ToContainText(adminUser), "the event names the operator")
+	shot(t, page, "released")
+
+	if k := getKey(t, key); k.Held {
+		t.Fatalf("key %s still held after the release: %+v", key, k)
+	}
+	if b := admit(t, key, 60); b.FencingToken != a.FencingToken+1 {
+		t.Errorf("next admission fencing token %d, want %d", b.FencingToken, a.FencingToken+1)
+	}
+}
