@@ -266,7 +266,8 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 // step. An outcome response the caller stored earlier is kept. Errors: ErrUnauthorized (an
 // auditor: read-only), ErrNotFound (as OperationForOperator), ErrInvalidRequest (bad status,
 // receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
-// state, including a repeat after the outcome is recorded), ErrStoreUnavailable.
+// state; recording the same status and receipt again succeeds and changes nothing),
+// ErrStoreUnavailable.
 func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (*Operation, error) {
 	if err := canAct(acct); err != nil {
 		return nil, err
@@ -383,14 +384,8 @@ func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, 
 				"The operation holds the key with fencing token %d, not %d; reload the page. Nothing was changed.",
 				k.FencingToken, in.FencingToken)}
 		}
-		switch op.State {
-		case models.StateSucceeded:
-			return ErrEffectConfirmed
-		case models.StateUncertain:
-			return ErrOutcomeUncertain
-		case models.StateInProgress, models.StateFailed:
-		default:
-			return ErrInvalidTransition
+		if err := releasable(op.State); err != nil {
+			return err
 		}
 		reason := in.Reason
 		if err := releaseHold(tx, &op, now, &reason, acct.Username); err != nil {

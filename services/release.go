@@ -72,14 +72,8 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 		if !secretMatches(in.OwnerToken, h.OwnerTokenHash) {
 			return ErrNotOwner
 		}
-		switch h.State {
-		case models.StateSucceeded:
-			return ErrEffectConfirmed
-		case models.StateUncertain:
-			return ErrOutcomeUncertain
-		case models.StateInProgress, models.StateFailed:
-		default:
-			return ErrInvalidTransition
+		if err := releasable(h.State); err != nil {
+			return err
 		}
 		if err := releaseHold(tx, &h, now, in.Reason, "api:"+p.Prefix); err != nil {
 			return err
@@ -91,6 +85,20 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 		return nil, storeError("release", err)
 	}
 	return out, nil
+}
+
+// releasable says whether an operation in state may give up its hold (SPEC.md §1.3, §4): only
+// when no effect is confirmed or in doubt.
+func releasable(state string) error {
+	switch state {
+	case models.StateInProgress, models.StateFailed:
+		return nil
+	case models.StateSucceeded:
+		return ErrEffectConfirmed
+	case models.StateUncertain:
+		return ErrOutcomeUncertain
+	}
+	return ErrInvalidTransition
 }
 
 // releaseHold moves h to released and clears the key's hold by compare on h.ID, so it can never
