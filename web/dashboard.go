@@ -63,6 +63,7 @@ func (s *Server) dashboardRoutes() {
 	s.overviewRoutes(csrfProtect)
 	s.operationRoutes(csrfProtect)
 	s.auditRoutes(csrfProtect)
+	s.adminRoutes(csrfProtect)
 }
 
 // renderErrorPage answers a dashboard request that failed, with a message safe to show.

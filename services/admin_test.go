@@ -1,0 +1,215 @@
+package services
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
+)
+
+// adminIsolated runs fn on a fresh, empty PostgreSQL database and a fresh SQLite file: the
+// last-admin rule counts every account of the installation, so it cannot be tested on the
+// package's shared database where other tests create admins in parallel.
+func adminIsolated(t *testing.T, fn func(t *testing.T, a *Auth, db *models.DB)) {
+	t.Helper()
+	ctx := context.Background()
+	pgURL, drop, err := modeltest.CreatePostgres()
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	for _, opts := range []models.OpenOptions{
+		{DatabaseURL: pgURL, MaxConns: 4},
+		{SQLitePath: filepath.Join(t.TempDir(), "admin.db")},
+	} {
+		db, err := models.Open(ctx, opts)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		_, err = models.Migrate(ctx, db, nil)
+		require.NoError(t, err)
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			fn(t, NewAuth(db, slog.New(slog.NewTextHandler(io.Discard, nil))), db)
+		})
+	}
+}
+
+// adminAccount stores an account directly (cheap bcrypt cost) and returns it.
+func adminAccount(t *testing.T, db *models.DB, username, role string, tenantID *int64) *OperatorAccount {
+	t.Helper()
+	hash, err := bcrypt.GenerateFromPassword([]byte("a-long-password"), bcrypt.MinCost)
+	require.NoError(t, err)
+	op := models.Operator{Username: username, PasswordHash: string(hash), Role: role, TenantID: tenantID, CreatedAt: time.Now().UTC()}
+	require.NoError(t, db.Create(&op).Error)
+	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}
+}
+
+func adminUnique(t *testing.T) string {
+	return "adm-" + strings.ToLower(newSecret("")[:10])
+}
+
+func TestAdminAPIKeys(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ctx := context.Background()
+		admin := adminAccount(t, b.db, adminUnique(t), models.RoleAdmin, nil)
+		tenant := adminUnique(t)
+
+		secret, err := b.auth.AdminCreateAPIKey(ctx, admin, tenant, "billing worker")
+		require.NoError(t, err)
+		_, err = b.auth.Authenticate(ctx, secret)
+		require.NoError(t, err)
+
+		mine := func() []APIKeyInfo {
+			all, err := b.auth.ListAPIKeys(ctx, admin)
+			require.NoError(t, err)
+			var out []APIKeyInfo
+			for _, k := range all {
+				if k.Tenant == tenant {
+					out = append(out, k)
+				}
+			}
+			return out
+		}
+		keys := mine()
+		require.Len(t, keys, 1)
+		k := keys[0]
+		require.Equal(t, secret[:12], k.Prefix)
+		require.Equal(t, "billing worker", k.Label)
+		require.WithinDuration(t, time.Now(), k.CreatedAt, time.Minute)
+		require.Nil(t, k.RevokedAt)
+
+		require.NoError(t, b.auth.RevokeAPIKeyByID(ctx, admin, k.ID))
+		_, err = b.auth.Authenticate(ctx, secret)
+		require.ErrorIs(t, err, ErrUnauthorized, "revoked: refused at once by this process")
+		require.NotNil(t, mine()[0].RevokedAt)
+		require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, admin, k.ID), ErrNotFound, "already revoked")
+		require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, admin, -1), ErrNotFound)
+
+		// Newest first.
+		_, err = b.auth.AdminCreateAPIKey(ctx, admin, tenant, "second")
+		require.NoError(t, err)
+		keys = mine()
+		require.Len(t, keys, 2)
+		require.Equal(t, "second", keys[0].Label)
+
+		_, err = b.auth.AdminCreateAPIKey(ctx, admin, "bad tenant name!", "")
+		require.ErrorIs(t, err, ErrInvalidRequest)
+	})
+}
+
+func TestAdminRequiresGlobalAdmin(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ctx := context.Background()
+		tid := b.p.TenantID
+		target := adminAccount(t, b.db, adminUnique(t), models.RoleOperator, nil)
+		for _, acct := range []*OperatorAccount{
+			nil,
+			adminAccount(t, b.db, adminUnique(t), models.RoleOperator, nil),
+			adminAccount(t, b.db, adminUnique(t), models.RoleAuditor, nil),
+			adminAccount(t, b.db, adminUnique(t), models.RoleAdmin, &tid), // a tenant's admin manages nothing global
+		} {
+			_, err := b.auth.ListAPIKeys(ctx, acct)
+			require.ErrorIs(t, err, ErrUnauthorized)
+			_, err = b.auth.AdminCreateAPIKey(ctx, acct, adminUnique(t), "")
+			require.ErrorIs(t, err, ErrUnauthorized)
+			require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, acct, b.p.APIKeyID), ErrUnauthorized)
+			_, err = b.auth.ListOperators(ctx, acct)
+			require.ErrorIs(t, err, ErrUnauthorized)
+			_, err = b.auth.AdminCreateOperator(ctx, acct, adminUnique(t), "a-long-password", models.RoleAdmin, "")
+			require.ErrorIs(t, err, ErrUnauthorized)
+			require.ErrorIs(t, b.auth.SetOperatorRole(ctx, acct, target.ID, models.RoleAdmin), ErrUnauthorized)
+			require.ErrorIs(t, b.auth.DeleteOperator(ctx, acct, target.ID), ErrUnauthorized)
+		}
+		got, err := b.auth.Operator(ctx, target.ID)
+		require.NoError(t, err)
+		require.Equal(t, models.RoleOperator, got.Role, "nothing changed")
+	})
+}
+
+func TestAdminOperators(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ctx := context.Background()
+		admin := adminAccount(t, b.db, adminUnique(t), models.RoleAdmin, nil)
+		var tenant models.Tenant
+		require.NoError(t, b.db.Where("id = ?", b.p.TenantID).Take(&tenant).Error)
+
+		name := adminUnique(t)
+		op, err := b.auth.AdminCreateOperator(ctx, admin, name, "a-long-password", models.RoleOperator, tenant.Name)
+		require.NoError(t, err)
+		find := func() *OperatorInfo {
+			all, err := b.auth.ListOperators(ctx, admin)
+			require.NoError(t, err)
+			for _, o := range all {
+				if o.Username == name {
+					return &o
+				}
+			}
+			return nil
+		}
+		got := find()
+		require.NotNil(t, got)
+		require.Equal(t, OperatorInfo{ID: op.ID, Username: name, Role: models.RoleOperator, Tenant: tenant.Name, CreatedAt: got.CreatedAt}, *got)
+
+		_, err = b.auth.AdminCreateOperator(ctx, admin, adminUnique(t), "short", models.RoleOperator, "")
+		require.ErrorIs(t, err, ErrInvalidRequest)
+
+		require.NoError(t, b.auth.SetOperatorRole(ctx, admin, op.ID, models.RoleAuditor))
+		require.Equal(t, models.RoleAuditor, find().Role)
+		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, op.ID, "root"), ErrInvalidRequest)
+		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, -1, models.RoleAuditor), ErrNotFound)
+
+		require.NoError(t, b.auth.DeleteOperator(ctx, admin, op.ID))
+		require.Nil(t, find())
+		_, err = b.auth.Operator(ctx, op.ID)
+		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, b.auth.DeleteOperator(ctx, admin, op.ID), ErrNotFound)
+	})
+}
+
+func TestAdminKeepsLastGlobalAdmin(t *testing.T) {
+	t.Parallel()
+	adminIsolated(t, func(t *testing.T, a *Auth, db *models.DB) {
+		ctx := context.Background()
+		tid := modeltest.Tenant(t, db)
+		root := adminAccount(t, db, "root", models.RoleAdmin, nil)
+		// A tenant's admin does not count: it cannot administer the installation.
+		tenantAdmin := adminAccount(t, db, "tenant-admin", models.RoleAdmin, &tid)
+
+		err := a.SetOperatorRole(ctx, root, root.ID, models.RoleOperator)
+		require.ErrorIs(t, err, ErrInvalidRequest)
+		require.Contains(t, err.Error(), "last global admin")
+		require.ErrorIs(t, a.DeleteOperator(ctx, root, root.ID), ErrInvalidRequest)
+		require.NoError(t, a.SetOperatorRole(ctx, root, root.ID, models.RoleAdmin), "a no-op is fine")
+		got, err := a.Operator(ctx, root.ID)
+		require.NoError(t, err)
+		require.Equal(t, models.RoleAdmin, got.Role)
+
+		// The tenant's admin can be demoted and deleted freely.
+		require.NoError(t, a.SetOperatorRole(ctx, root, tenantAdmin.ID, models.RoleAuditor))
+		require.NoError(t, a.DeleteOperator(ctx, root, tenantAdmin.ID))
+
+		// With a second global admin, either may go, but not both.
+		second := adminAccount(t, db, "second", models.RoleAdmin, nil)
+		require.NoError(t, a.SetOperatorRole(ctx, second, root.ID, models.RoleAuditor))
+		require.ErrorIs(t, a.DeleteOperator(ctx, second, second.ID), ErrInvalidRequest)
+
+		// Two admins demoting each other at once: exactly one wins.
+		require.NoError(t, a.SetOperatorRole(ctx, second, root.ID, models.RoleAdmin))
+		errs := make(chan error, 2)
+		go func() { errs <- a.SetOperatorRole(ctx, root, second.ID, models.RoleOperator) }()
+		go func() { errs <- a.SetOperatorRole(ctx, second, root.ID, models.RoleOperator) }()
+		e1, e2 := <-errs, <-errs
+		require.True(t, (e1 == nil) != (e2 == nil), "one demotion must be refused: %v, %v", e1, e2)
+		var admins int64
+		require.NoError(t, db.Model(&models.Operator{}).Where("role = ? AND tenant_id IS NULL", models.RoleAdmin).Count(&admins).Error)
+		require.EqualValues(t, 1, admins)
+	})
+}
