@@ -51,7 +51,25 @@ func TestMain(m *testing.M) {
 type server struct {
 	url string
 	cmd *exec.Cmd
-	log *bytes.Buffer
+	log *syncBuffer
+}
+
+// syncBuffer collects a process's output; tests may read it while the process writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func freeAddr(t *testing.T) string {
@@ -71,10 +89,10 @@ func startServer(t *testing.T, env ...string) *server {
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + addr,
 		"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=process-test-password",
 		"IDEMGATE_LOG_FORMAT=json"}, env...)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	require.NoError(t, cmd.Start())
-	s := &server{url: "http://" + addr, cmd: cmd, log: &log}
+	s := &server{url: "http://" + addr, cmd: cmd, log: log}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait() // also waits for the goroutines copying output into log

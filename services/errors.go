@@ -25,6 +25,7 @@ const (
 	CodeNotFound            = "not_found"
 	CodePayloadTooLarge     = "payload_too_large"
 	CodeStoreUnavailable    = "store_unavailable"
+	CodeRateLimited         = "rate_limited"
 	CodeInternal            = "internal"
 )
 
@@ -75,6 +76,7 @@ var (
 	ErrNotFound            = &Error{Code: CodeNotFound, Message: "Not found."}
 	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge, Message: "The payload is too large."}
 	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable, Message: "The database is unavailable; retry later."}
+	ErrRateLimited         = &Error{Code: CodeRateLimited, Message: "Too many failed authentications from your address; retry after Retry-After seconds."}
 )
 
 func invalid(fields ...FieldError) *Error {

@@ -41,6 +41,7 @@ var statusByCode = map[string]int{
 	services.CodeNotFound:            http.StatusNotFound,
 	services.CodePayloadTooLarge:     http.StatusRequestEntityTooLarge,
 	services.CodeStoreUnavailable:    http.StatusServiceUnavailable,
+	services.CodeRateLimited:         http.StatusTooManyRequests,
 	services.CodeInternal:            http.StatusInternalServerError,
 }
 
@@ -75,7 +76,7 @@ func toDomainError(err error) (*services.Error, bool) {
 			case fiber.StatusForbidden:
 				return &services.Error{Code: services.CodeUnauthorized, Message: "Forbidden."}, false
 			case fiber.StatusTooManyRequests:
-				msg = "Too many requests; retry later."
+				return &services.Error{Code: services.CodeRateLimited, Message: "Too many requests; retry later."}, false
 			}
 			return &services.Error{Code: services.CodeInvalidRequest, Message: msg}, false
 		}
@@ -105,6 +106,10 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	var fe *fiber.Error
 	if errors.As(err, &fe) && !errors.As(err, new(*services.Error)) && fe.Code != fiber.StatusForbidden {
 		status = fe.Code
+	}
+	if c.GetRespHeader(fiber.HeaderXContentTypeOptions) == "" {
+		// Refused by the HTTP server before securityHeaders ran.
+		setSecurityHeaders(c)
 	}
 	rid := requestID(c)
 	if rid == "" {

@@ -1,6 +1,7 @@
 package web
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -14,16 +15,29 @@ const (
 )
 
 // apiAuth authenticates the Bearer API key of SPEC.md §4 and stores the tenant's principal for
-// principal(c). Errors: services.ErrUnauthorized, services.ErrStoreUnavailable.
-func apiAuth(auth *services.Auth) fiber.Handler {
+// principal(c). Failed authentications are counted per client address by lim; a blocked
+// address is refused before its key is looked at. Errors: services.ErrUnauthorized,
+// services.ErrRateLimited, services.ErrStoreUnavailable.
+func apiAuth(auth *services.Auth, lim *authFailureLimiter) fiber.Handler {
 	return func(c *fiber.Ctx) error {
+		addr := c.IP()
+		if wait, blocked := lim.blocked(addr); blocked {
+			return refuseRateLimited(c, wait)
+		}
 		h := c.Get(fiber.HeaderAuthorization)
 		scheme, token, ok := strings.Cut(h, " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
-			return services.ErrUnauthorized
+		var p services.Principal
+		var err error = services.ErrUnauthorized
+		if ok && strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(token) != "" {
+			p, err = auth.Authenticate(c.UserContext(), strings.TrimSpace(token))
 		}
-		p, err := auth.Authenticate(c.UserContext(), strings.TrimSpace(token))
-		if err != nil {
+		if errors.Is(err, services.ErrUnauthorized) {
+			// Only refused keys count: a database outage is not the client's failure.
+			if lim.fail(addr) {
+				lim.log.Warn("API authentication failures rate limited", "request_id", requestID(c), "ip", addr)
+			}
+			return err
+		} else if err != nil {
 			return err
 		}
 		c.Locals(principalKey, p)

@@ -11,7 +11,7 @@ func (s *Server) routes(metricsHandler fiber.Handler) {
 	app.Get("/readyz", s.handleReadyz)
 	app.Get("/metrics", metricsHandler)
 
-	v1 := app.Group("/v1", identityEncoding, apiAuth(s.auth))
+	v1 := app.Group("/v1", identityEncoding, apiAuth(s.auth, s.authFails))
 	v1.Post("/acquire", handleAcquire(s.adm, s.metrics))
 	v1.Post("/release", handleRelease(s.adm))
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))

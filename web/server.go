@@ -42,11 +42,14 @@ type Server struct {
 	sessions *session.Store
 	metrics  *metrics
 	secure   bool
+	// authFails counts failed API-key authentications per client address (security.go).
+	authFails *authFailureLimiter
 }
 
 // New builds the Fiber application with every route of routes.go.
 func New(cfg Config) *Server {
-	s := &Server{log: cfg.Log, adm: cfg.Admission, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies}
+	s := &Server{log: cfg.Log, adm: cfg.Admission, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
+		authFails: newAuthFailureLimiter(cfg.Log)}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "idemgate",
 		DisableStartupMessage: true,
@@ -72,6 +75,7 @@ func New(cfg Config) *Server {
 		CookiePath:     "/",
 	})
 
+	s.app.Use(securityHeaders)
 	s.app.Use(recover.New())
 	s.app.Use(requestid.New())
 	s.app.Use(s.metrics.observe())

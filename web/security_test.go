@@ -1,0 +1,148 @@
+package web
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/static"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSecurityHeadersOnEveryResponse: API, operational endpoints, static files, errors and
+// dashboard pages all carry nosniff, a Referrer-Policy and a CSP with frame-ancestors 'none';
+// dashboard pages keep their own policy, which has no 'unsafe-inline'.
+func TestSecurityHeadersOnEveryResponse(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *Server) {
+		c := newTenantClient(t, s)
+		anon := &apiClient{t: t, s: s}
+		cases := []struct {
+			name   string
+			res    func() apiResult
+			status int
+			page   bool // a dashboard page: the dashboard CSP and same-origin referrers
+		}{
+			{"healthz", func() apiResult { return anon.do("GET", "/healthz", nil) }, 200, false},
+			{"readyz", func() apiResult { return anon.do("GET", "/readyz", nil) }, 200, false},
+			{"metrics", func() apiResult { return anon.do("GET", "/metrics", nil) }, 200, false},
+			{"acquire admitted", func() apiResult { return acquire(c, "headers-key", nil) }, 201, false},
+			{"acquire invalid", func() apiResult { return c.do("POST", "/v1/acquire", `{"key":""}`) }, 400, false},
+			{"keys unauthenticated", func() apiResult { return anon.do("GET", "/v1/keys", nil) }, 401, false},
+			{"unknown path", func() apiResult { return anon.do("GET", "/no/such/path", nil) }, 404, false},
+			{"wrong method", func() apiResult { return anon.do("DELETE", "/healthz", nil) }, 405, false},
+			{"static asset", func() apiResult { return anon.do("GET", static.URL("app.css"), nil) }, 200, false},
+			{"login page", func() apiResult { return browser(t, s, "/login") }, 200, true},
+			{"dashboard redirect", func() apiResult { return browser(t, s, "/keys") }, 303, true},
+			{"dashboard error page", func() apiResult { return browser(t, s, "/no/such/page") }, 404, false},
+		}
+		for _, tc := range cases {
+			res := tc.res()
+			require.Equal(t, tc.status, res.status, "%s: %s", tc.name, res.raw)
+			h := res.header
+			require.Equal(t, "nosniff", h.Get("X-Content-Type-Options"), tc.name)
+			require.NotEmpty(t, h.Get("Referrer-Policy"), tc.name)
+			csp := h.Get("Content-Security-Policy")
+			require.Contains(t, csp, "frame-ancestors 'none'", tc.name)
+			require.NotContains(t, csp, "unsafe-inline", tc.name)
+			require.NotContains(t, csp, "unsafe-eval", tc.name)
+			require.Equal(t, "DENY", h.Get("X-Frame-Options"), tc.name)
+			if tc.page {
+				require.Equal(t, contentSecurityPolicy, csp, "%s: the page policy is not overwritten", tc.name)
+				require.Equal(t, "same-origin", h.Get("Referrer-Policy"), tc.name)
+			} else if strings.HasPrefix(h.Get("Content-Type"), "application/") {
+				require.Equal(t, apiContentSecurityPolicy, csp, tc.name)
+				require.Equal(t, "no-referrer", h.Get("Referrer-Policy"), tc.name)
+			}
+		}
+	})
+}
+
+// browser requests a dashboard path as a browser does, without following redirects.
+func browser(t *testing.T, s *Server, path string) apiResult {
+	t.Helper()
+	req := httptest.NewRequest("GET", path, nil)
+	req.Header.Set("Accept", "text/html")
+	resp, err := s.App().Test(req, -1)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	return apiResult{status: resp.StatusCode, header: resp.Header}
+}
+
+// TestAPIAuthFailuresRateLimited: authFailures refused keys from one address, then every API
+// request from it is refused with 429 rate_limited and Retry-After until the window ends.
+// Successful requests never count, so a busy client with a valid key is unaffected.
+func TestAPIAuthFailuresRateLimited(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *Server) {
+		now := time.Now()
+		s.authFails.now = func() time.Time { return now }
+		good := newTenantClient(t, s)
+		bad := &apiClient{t: t, s: s, key: "idg_not_a_real_key_at_all_000000"}
+		anon := &apiClient{t: t, s: s}
+
+		for i := 0; i < authFailures-1; i++ {
+			if i%2 == 0 {
+				problemOf(t, bad.do("GET", "/v1/keys", nil), 401, "unauthorized")
+			} else {
+				problemOf(t, anon.do("POST", "/v1/acquire", map[string]any{"key": "a", "ttl_seconds": 1}), 401, "unauthorized")
+			}
+			// Interleaved successes and the client's own mistakes do not count.
+			require.Equal(t, 201, acquire(good, fmt.Sprintf("busy-%d", i), nil).status)
+			problemOf(t, good.do("POST", "/v1/acquire", `{"key":""}`), 400, "invalid_request")
+		}
+		for i := 0; i < 3*authFailures; i++ {
+			require.Equal(t, 200, good.do("GET", "/v1/keys", nil).status, "successes never reach the limit")
+		}
+
+		problemOf(t, bad.do("GET", "/v1/keys", nil), 401, "unauthorized") // the limit-th failure
+		res := problemOf(t, bad.do("GET", "/v1/keys", nil), 429, "rate_limited")
+		retry, err := strconv.Atoi(res.header.Get("Retry-After"))
+		require.NoError(t, err, "Retry-After: %q", res.header.Get("Retry-After"))
+		require.Equal(t, int(authFailureWindow/time.Second), retry)
+		require.NotEmpty(t, res.body["request_id"])
+		require.Equal(t, "nosniff", res.header.Get("X-Content-Type-Options"))
+
+		// Blocked means blocked: a valid key from that address is not looked at either,
+		// otherwise the block would still check every guess.
+		res = problemOf(t, acquire(good, "while-blocked", nil), 429, "rate_limited")
+		require.NotEmpty(t, res.header.Get("Retry-After"))
+		// Operational endpoints and the dashboard are not behind API-key auth.
+		require.Equal(t, 200, anon.do("GET", "/healthz", nil).status)
+
+		now = now.Add(authFailureWindow/2 + time.Second)
+		res = problemOf(t, bad.do("GET", "/v1/keys", nil), 429, "rate_limited")
+		require.Equal(t, strconv.Itoa(int(authFailureWindow/2/time.Second)-1), res.header.Get("Retry-After"))
+
+		// The window ends: the valid key works again and the bad one gets a fresh count.
+		now = now.Add(authFailureWindow / 2)
+		require.Equal(t, 201, acquire(good, "after-window", nil).status)
+		problemOf(t, bad.do("GET", "/v1/keys", nil), 401, "unauthorized")
+	})
+}
+
+// TestAuthFailureLimiterPerAddress: addresses are counted apart, and the table is bounded.
+func TestAuthFailureLimiterPerAddress(t *testing.T) {
+	now := time.Now()
+	l := newAuthFailureLimiter(nil)
+	l.now = func() time.Time { return now }
+	for i := 0; i < authFailures; i++ {
+		_, blocked := l.blocked("10.0.0.1")
+		require.False(t, blocked)
+		require.Equal(t, i == authFailures-1, l.fail("10.0.0.1"), "reaching the limit is reported once")
+	}
+	_, blocked := l.blocked("10.0.0.1")
+	require.True(t, blocked)
+	_, blocked = l.blocked("10.0.0.2")
+	require.False(t, blocked, "another address is not affected")
+	require.False(t, l.fail("10.0.0.1"), "already reported in this window")
+
+	for i := 0; i < maxTrackedAddrs+10; i++ {
+		l.fail(fmt.Sprintf("addr-%d", i))
+	}
+	l.mu.Lock()
+	n := len(l.addrs)
+	l.mu.Unlock()
+	require.LessOrEqual(t, n, maxTrackedAddrs)
+}
