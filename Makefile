@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test check generate bench fmt e2e
+.PHONY: run test check generate bench fmt e2e fuzz vuln verify
 
 run:
 	$(GO) run .
@@ -13,6 +13,23 @@ run:
 test: check
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	@$(MAKE) --no-print-directory e2e
+	@$(MAKE) --no-print-directory fuzz
+
+# Every fuzz target for FUZZTIME (default 10s) each.
+fuzz:
+	.ci/fuzz.sh
+
+# govulncheck against a local copy of the Go vulnerability database (see the script). Not yet
+# part of `make test`: it reports standard-library advisories fixed in go1.26.10, newer than
+# this machine's go1.26.8, and the toolchain move is its own change.
+vuln:
+	.ci/govulncheck.sh
+
+# The history checker for longer: make verify DURATION=5m
+DURATION ?= 60s
+verify:
+	.ci/postgres.sh
+	VERIFY_DURATION=$(DURATION) $(GO) test -count=1 -timeout 0 -run . -v ./verify/
 
 # Browser tests: e2e/setup.sh installs Debian's Chromium and the playwright driver when
 # missing (fast no-op otherwise), then the dashboard is driven in headless Chromium against

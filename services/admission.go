@@ -3,12 +3,14 @@ package services
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DefaultMaxTTL is the largest ttl_seconds accepted unless configured otherwise (SPEC.md §4).
@@ -211,6 +213,26 @@ SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (a *Admission) acquirePostgres(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
+	// A statement that lost a race it cannot resolve in place (serialization failure: the
+	// holder released while we read it; or a deadlock victim) changed nothing, and the next try
+	// sees the winner's committed state. A few tries always suffice in practice.
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = a.acquirePostgresOnce(ctx, p, in, meta, opID, ownerHash, row); !isRetryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// isRetryable reports a PostgreSQL serialization failure or deadlock: the statement was rolled
+// back whole and may simply run again.
+func isRetryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+func (a *Admission) acquirePostgresOnce(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
 	// The hottest statement goes straight to the pgx pool under GORM: GORM's Raw rebuilt the
 	// 3 KB statement and interpolated it for its trace logger on every call, which cost more CPU
 	// than the rest of the request. pgx caches the prepared statement per connection.

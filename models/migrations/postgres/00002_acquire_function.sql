@@ -58,24 +58,40 @@ BEGIN
       SELECT * INTO v_k FROM idem_keys k WHERE k.tenant_id = p_tenant_id AND k.key = p_key;
       v_now := clock_timestamp();
       IF v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now THEN
-        -- Held: no lock on the key row is needed to answer duplicate or conflict.
+        -- Held. Lock the holder's operation row (the counter update below) and re-check that it
+        -- was not released meanwhile: without the lock, a release committing between our read
+        -- of the key and our read of the operation let us answer "duplicate" about an operation
+        -- that no longer held the key (found by the history checker in verify/). Holding the
+        -- operation row, a concurrent release (key row, then operation row) waits for us, and we
+        -- never lock the key row here, so the two cannot deadlock.
         SELECT * INTO v_h FROM operations o WHERE o.id = v_k.holder_operation_id;
-        v_op := v_h.id;
         IF v_h.operation_name IS NOT DISTINCT FROM p_operation_name
            AND v_h.fingerprint IS NOT DISTINCT FROM p_fingerprint THEN
           IF p_attempt_id IS NOT NULL AND v_h.attempt_id = p_attempt_id THEN
             -- A retry of the call that created the hold: hand out a fresh owner token.
-            UPDATE operations o SET owner_token_hash = p_owner_token_hash WHERE o.id = v_h.id;
+            UPDATE operations o SET owner_token_hash = p_owner_token_hash
+             WHERE o.id = v_h.id AND o.state <> 'released';
             v_result := 'admitted';
             v_readmit := true;
           ELSE
+            UPDATE operations o SET duplicate_attempts = o.duplicate_attempts + 1
+             WHERE o.id = v_h.id AND o.state <> 'released';
             v_result := 'duplicate';
-            UPDATE operations o SET duplicate_attempts = o.duplicate_attempts + 1 WHERE o.id = v_h.id;
           END IF;
         ELSE
+          UPDATE operations o SET conflict_attempts = o.conflict_attempts + 1
+           WHERE o.id = v_h.id AND o.state <> 'released';
           v_result := 'conflict';
-          UPDATE operations o SET conflict_attempts = o.conflict_attempts + 1 WHERE o.id = v_h.id;
         END IF;
+        IF NOT FOUND THEN
+          -- Released between our reads, so the key is free now. Deciding again here would lock
+          -- the key row after the operation row (PostgreSQL keeps the row lock it took to
+          -- re-check our UPDATE), the reverse of release's order, and could deadlock; the
+          -- caller re-runs the whole statement instead (services/admission.go).
+          RAISE EXCEPTION 'idemgate: hold released during acquire; retry'
+            USING ERRCODE = 'serialization_failure';
+        END IF;
+        v_op := v_h.id;
         EXIT;
       END IF;
 

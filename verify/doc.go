@@ -1,0 +1,56 @@
+// Package verify holds the history checker of issue 4 point 1: Jepsen-style concurrent
+// workloads against real idemgate processes, checked for linearizability with
+// github.com/anishathalye/porcupine against a model of SPEC.md §3–4.
+//
+// The package has tests only. The same workload and model also run against an in-memory fake
+// of the API (fake_test.go): correct, where the history must check, and with a
+// check-then-insert acquire or a release without the owner compare, where porcupine must
+// report a violation. Run it with
+//
+//	go test ./verify/ -count=1 -v
+//	VERIFY_DURATION=5m go test ./verify/ -count=1 -v -timeout 30m
+//
+// What the model (model_test.go) checks, per key, in every linearization of the history:
+//
+//   - acquire 201: its fencing token is exactly the previous admission's plus one, its
+//     operation id is new, and the key was free at some point of the call: never held,
+//     released, or the holder's expires_at (as answered by the server, database clock) minus
+//     a one-second clock allowance is not after the call's return. A takeover turns an
+//     in_progress holder into uncertain.
+//   - acquire 200: names the current holder, whose hold was live at some point of the call
+//     (call start before expires_at plus the allowance), with the same fingerprint and
+//     operation name, and reports its current state. (This check found a real bug: the
+//     PostgreSQL idemgate_acquire read the hold and the holder's operation in different
+//     snapshots, so a duplicate could report an operation "released" by a release that
+//     committed in between. The function now locks the operation row and re-checks. When the
+//     check fails, the test also says whether the history passes with such torn duplicate
+//     answers tolerated, see modelOptions.tornDuplicate, to tell this class from others.)
+//   - acquire 422: the key is held (live) by another fingerprint or operation name.
+//   - release 200: only by the current, live holder, only from in_progress or failed; the
+//     operation becomes released and the key free. not_owner / effect_confirmed /
+//     outcome_uncertain / key_not_held are each allowed only in the situation they name and
+//     change nothing; a release with a wrong owner token never succeeds.
+//   - outcome 200: the state the server reports is a transition SPEC.md §3 permits from the
+//     operation's state (or the same outcome again); 403 only for a wrong owner token;
+//     409 invalid_transition never where the transition is always permitted.
+//   - GET /v1/keys/{key}: 404 only if never admitted; held=true only for the live current
+//     holder; the operation named is the newest admission with its fencing token.
+//
+// What it abstracts:
+//
+//   - Time: expiry is nondeterministic inside [expires_at-1s, expires_at+1s] relative to the
+//     caller's clock (server and database run on one machine). The reaper's in_progress ->
+//     uncertain step is allowed at any point after expires_at-1s.
+//   - Calls with no answer (transport error, timeout, 5xx) have an unknown outcome: they are
+//     given a return time after the whole history and the model lets them either have taken
+//     effect (an unseen admission gets an unknown id and an expiry that may pass at any time)
+//     or not. Unanswered reads are dropped.
+//   - Receipts, responses, metadata, correlation ids, attempt ids, duplicate counters and
+//     the operation state inside GET /v1/keys answers (read non-atomically by the server)
+//     are not modelled; an outcome's receipt is a function of its status, so "the same
+//     outcome again" means the same status.
+//
+// After the run the database itself is checked (history_test.go): every 201 is exactly one
+// operations row, fencing tokens per key are exactly 1..n, at most one hold per key and it
+// names the newest operation, and every answered acquire is in the attempt log.
+package verify

@@ -1,0 +1,215 @@
+package verify
+
+// The history checker against the real thing: two idemgate processes on one fresh
+// PostgreSQL database, 16 concurrent clients, then porcupine and the database invariants.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/stretchr/testify/require"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemgate-verify-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "idemgate")
+	out, err := exec.Command("go", "build", "-o", binary, "github.com/idemgate/idemgate").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: build idemgate: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// verifyDuration is VERIFY_DURATION (e.g. "5m"), default 20 s.
+func verifyDuration(t *testing.T) time.Duration {
+	if s := os.Getenv("VERIFY_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		require.NoError(t, err, "VERIFY_DURATION")
+		return d
+	}
+	return 20 * time.Second
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServer runs the binary and waits for /healthz.
+func startServer(t *testing.T, env ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	cmd := exec.Command(binary, "serve")
+	cmd.Dir = t.TempDir()
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + addr,
+		"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=verify-test-password",
+		"IDEMGATE_LOG_FORMAT=json", "IDEMGATE_REAP_INTERVAL=1s"}, env...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("server %s log (tail):\n%s", addr, tail(log.String(), 4000))
+		}
+	})
+	url := "http://" + addr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return url
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not become healthy; log:\n%s", log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func TestHistoryLinearizableTwoProcesses(t *testing.T) {
+	dbURL, drop, err := modeltest.CreatePostgres()
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	urls := make([]string, 2)
+	var wg sync.WaitGroup
+	for i := range urls {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); urls[i] = startServer(t, "DATABASE_URL="+dbURL) }(i)
+	}
+	wg.Wait()
+	require.NotEmpty(t, urls[0])
+	require.NotEmpty(t, urls[1])
+
+	w := newWorkload(urls, "verify", verifyDuration(t))
+	rec, history := w.run(t)
+	for s, n := range rec.statuses {
+		var kind string
+		var status int
+		_, _ = fmt.Sscanf(s, "%s %d", &kind, &status)
+		require.False(t, status == 400 || status == 401 || status == 413, "unexpected answers %q: %d", s, n)
+	}
+	require.NotZero(t, len(rec.admitted), "nothing was admitted")
+
+	res, path := check(t, modelOptions{}, history, checkTimeout(w.duration))
+	if res != porcupine.Ok {
+		// Tell a torn duplicate answer (see modelOptions.tornDuplicate) from worse violations.
+		relaxed, _ := check(t, modelOptions{tornDuplicate: true}, history, checkTimeout(w.duration))
+		t.Errorf("history is not linearizable (%s; with torn duplicate states tolerated: %s); see %s",
+			res, relaxed, path)
+	}
+
+	checkDatabase(t, dbURL, rec)
+}
+
+// checkTimeout bounds porcupine: generous, but a default run stays within the package budget.
+func checkTimeout(d time.Duration) time.Duration {
+	if d < 30*time.Second {
+		return 30 * time.Second
+	}
+	return 2 * d
+}
+
+// checkDatabase checks the invariants straight from the database after the run.
+func checkDatabase(t *testing.T, dbURL string, rec *recorder) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := models.Open(ctx, models.OpenOptions{DatabaseURL: dbURL, MaxConns: 2})
+	require.NoError(t, err)
+	defer db.Close()
+
+	var ops []models.Operation
+	require.NoError(t, db.WithContext(ctx).Find(&ops).Error)
+	byID := map[string]models.Operation{}
+	perKey := map[string][]int64{}
+	for _, o := range ops {
+		_, dup := byID[o.ID]
+		require.False(t, dup, "operation id %s twice", o.ID)
+		byID[o.ID] = o
+		perKey[o.Key] = append(perKey[o.Key], o.FencingToken)
+	}
+	// Every 201 a client saw is exactly one operation row with its key and fencing token.
+	for id, a := range rec.admitted {
+		o, ok := byID[id]
+		require.True(t, ok, "201 for operation %s has no row", id)
+		require.Equal(t, a.key, o.Key, "operation %s", id)
+		require.Equal(t, rec.fencing[id], o.FencingToken, "operation %s", id)
+	}
+	// Fencing tokens per key are exactly 1..n.
+	for key, fs := range perKey {
+		sort.Slice(fs, func(i, j int) bool { return fs[i] < fs[j] })
+		for i, f := range fs {
+			require.EqualValues(t, i+1, f, "key %s fencing tokens %v", key, fs)
+		}
+	}
+	// At most one hold per key, naming the newest operation.
+	var keys []models.IdemKey
+	require.NoError(t, db.WithContext(ctx).Find(&keys).Error)
+	seen := map[string]bool{}
+	for _, k := range keys {
+		id := fmt.Sprintf("%d/%s", k.TenantID, k.Key)
+		require.False(t, seen[id], "key %s has two rows", id)
+		seen[id] = true
+		require.EqualValues(t, len(perKey[k.Key]), k.FencingToken, "key %s", k.Key)
+		if k.HolderOperationID != nil {
+			h := byID[*k.HolderOperationID]
+			require.Equal(t, k.FencingToken, h.FencingToken, "key %s is held by an older operation", k.Key)
+			require.Equal(t, k.Key, h.Key)
+		}
+	}
+	// Every answered acquire is in the attempt log.
+	type row struct {
+		Key    string
+		Result string
+		N      int
+	}
+	var rows []row
+	require.NoError(t, db.WithContext(ctx).Model(&models.Attempt{}).
+		Select("key, result, count(*) AS n").Group("key, result").Scan(&rows).Error)
+	logged := map[[2]string]int{}
+	for _, r := range rows {
+		logged[[2]string{r.Key, r.Result}] = r.N
+	}
+	total := 0
+	for kr, n := range rec.answers {
+		require.GreaterOrEqual(t, logged[kr], n, "attempts %v: logged %d, answered %d", kr, logged[kr], n)
+		total += n
+	}
+	t.Logf("database: %d operations, %d keys, %d answered acquires all logged", len(ops), len(keys), total)
+}

@@ -1,0 +1,256 @@
+package verify
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+const testAPIKey = "idg_verify_test_key_0123456789abcdef"
+
+// owned is an admission a client holds the owner token of.
+type owned struct {
+	key, op, token string
+}
+
+// recorder collects the history. Times are nanoseconds since start.
+type recorder struct {
+	mu    sync.Mutex
+	start time.Time
+	ops   []porcupine.Operation
+	// answers counts answered acquires per key and result, for the attempt-log check.
+	answers map[[2]string]int
+	// admitted maps every 201 operation id to its key and fencing token.
+	admitted map[string]owned
+	fencing  map[string]int64
+	statuses map[string]int
+}
+
+func newRecorder() *recorder {
+	return &recorder{start: time.Now(), answers: map[[2]string]int{}, admitted: map[string]owned{},
+		fencing: map[string]int64{}, statuses: map[string]int{}}
+}
+
+func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
+
+// workload is the client side: endpoints to spread calls over, keys, duration, clients.
+type workload struct {
+	urls     []string
+	keys     []string
+	clients  int
+	duration time.Duration
+	http     *http.Client
+}
+
+func newWorkload(urls []string, prefix string, duration time.Duration) *workload {
+	keys := make([]string, 4)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s:key/%d", prefix, i)
+	}
+	return &workload{urls: urls, keys: keys, clients: 16, duration: duration,
+		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+}
+
+// do sends one call; status 0 means no answer.
+func (w *workload) do(method, url string, body any) (int, map[string]any) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := w.http.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, nil
+	}
+	var m map[string]any
+	_ = json.Unmarshal(raw, &m)
+	return resp.StatusCode, m
+}
+
+func str(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+func num(m map[string]any, k string) int64  { f, _ := m[k].(float64); return int64(f) }
+func sub(m map[string]any, k string) map[string]any {
+	s, _ := m[k].(map[string]any)
+	return s
+}
+
+// relTime converts an answered time to nanoseconds since the recorder started (0 if absent).
+func (r *recorder) relTime(s string) int64 {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return 0
+	}
+	return max(1, int64(t.Sub(r.start)))
+}
+
+// run drives the clients until the duration is over and returns the history.
+func (w *workload) run(t *testing.T) (*recorder, []porcupine.Operation) {
+	rec := newRecorder()
+	ctx, cancel := context.WithTimeout(context.Background(), w.duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	for c := 0; c < w.clients; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			w.client(ctx, c, rec)
+		}(c)
+	}
+	wg.Wait()
+	// Unanswered calls never returned: give them a return time after the whole history.
+	var end int64
+	for _, op := range rec.ops {
+		if op.Return > end {
+			end = op.Return
+		}
+	}
+	history := make([]porcupine.Operation, 0, len(rec.ops))
+	for _, op := range rec.ops {
+		if op.Output.(callOutput).Unknown {
+			if op.Input.(callInput).Kind == kindGet {
+				continue // a read with no answer constrains nothing
+			}
+			op.Return = end + 1
+			out := op.Output.(callOutput)
+			out.Ret = end + 1
+			op.Output = out
+		}
+		history = append(history, op)
+	}
+	t.Logf("history: %d operations (%d recorded), statuses %v", len(history), len(rec.ops), rec.statuses)
+	return rec, history
+}
+
+func (w *workload) client(ctx context.Context, c int, rec *recorder) {
+	rng := rand.New(rand.NewSource(time.Now().UnixNano() + int64(c)*7919))
+	var mine []owned
+	base := w.urls[c%len(w.urls)]
+	for ctx.Err() == nil {
+		time.Sleep(time.Duration(rng.Intn(8)) * time.Millisecond)
+		in := callInput{Key: w.keys[rng.Intn(len(w.keys))]}
+		var method, path string
+		var body map[string]any
+		var own owned
+		r := rng.Intn(100)
+		if len(mine) == 0 && r >= 40 && r < 85 {
+			r = 0
+		}
+		if r >= 40 && r < 85 {
+			own = mine[len(mine)-1-rng.Intn(min(len(mine), 4))]
+			in.Key, in.Op = own.key, own.op
+			token := own.token
+			if rng.Intn(10) == 0 {
+				in.BadToken, token = true, own.token+"x"
+			}
+			if r < 60 {
+				in.Kind, method, path = kindRelease, http.MethodPost, "/v1/release"
+				body = map[string]any{"key": in.Key, "owner_token": token, "reason": "verify"}
+			} else {
+				in.Kind, method, path = kindOutcome, http.MethodPost, "/v1/operations/"+in.Op+"/outcome"
+				in.Status = []string{"succeeded", "failed", "failed", "uncertain"}[rng.Intn(4)]
+				in.Release = in.Status == "failed" && rng.Intn(2) == 0
+				body = map[string]any{"owner_token": token, "status": in.Status, "receipt": "r-" + in.Status}
+				if in.Release {
+					body["release"] = true
+				}
+			}
+		} else if r < 40 {
+			in.Kind, method, path = kindAcquire, http.MethodPost, "/v1/acquire"
+			in.Name = "charge"
+			if rng.Intn(10) == 0 {
+				in.Name = "refund"
+			}
+			in.FP = []string{"fp-a", "fp-b"}[rng.Intn(2)]
+			in.TTL = 1 + rng.Intn(3)
+			body = map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP}
+		} else {
+			in.Kind, method, path = kindGet, http.MethodGet, "/v1/keys/"+url.PathEscape(in.Key)
+		}
+		in.Call = rec.now()
+		var status int
+		var resp map[string]any
+		if method == http.MethodGet {
+			status, resp = w.do(method, base+path, nil)
+		} else {
+			status, resp = w.do(method, base+path, body)
+		}
+		out := callOutput{Ret: rec.now(), Status: status, Code: str(resp, "code")}
+		if status == 0 || status >= 500 {
+			out = callOutput{Unknown: true, Ret: out.Ret, Status: status}
+		}
+		switch {
+		case out.Unknown:
+		case in.Kind == kindAcquire && status == 201:
+			out.OpID, out.Fencing, out.Exp = str(resp, "operation_id"), num(resp, "fencing_token"), rec.relTime(str(resp, "expires_at"))
+			mine = append(mine, owned{key: in.Key, op: out.OpID, token: str(resp, "owner_token")})
+			if len(mine) > 8 {
+				mine = mine[1:]
+			}
+		case in.Kind == kindAcquire && status == 200:
+			op := sub(resp, "operation")
+			out.OpID, out.State, out.Fencing = str(op, "id"), str(op, "state"), num(op, "fencing_token")
+		case in.Kind == kindOutcome && status == 200:
+			out.OpID, out.State = str(resp, "id"), str(resp, "state")
+		case in.Kind == kindRelease && status == 200:
+			out.State = str(sub(resp, "operation"), "state")
+		case in.Kind == kindGet && status == 200:
+			op := sub(resp, "operation")
+			out.OpID, out.State, out.Fencing, out.Held = str(op, "id"), str(op, "state"), num(op, "fencing_token"), resp["held"] == true
+		}
+		// Times are taken outside the lock: the lock only orders appends.
+		rec.mu.Lock()
+		rec.statuses[fmt.Sprintf("%s %d", in.Kind, status)]++
+		if in.Kind == kindAcquire && !out.Unknown {
+			result := map[int]string{201: "admitted", 200: "duplicate", 422: "conflict"}[status]
+			rec.answers[[2]string{in.Key, result}]++
+			if status == 201 {
+				rec.admitted[out.OpID] = owned{key: in.Key, op: out.OpID}
+				rec.fencing[out.OpID] = out.Fencing
+			}
+		}
+		rec.ops = append(rec.ops, porcupine.Operation{ClientId: c, Input: in, Call: in.Call, Output: out, Return: out.Ret})
+		rec.mu.Unlock()
+	}
+}
+
+// check runs porcupine; on failure it writes the visualization and returns its path.
+func check(t *testing.T, opts modelOptions, history []porcupine.Operation, timeout time.Duration) (porcupine.CheckResult, string) {
+	model := keyModel(opts)
+	start := time.Now()
+	res, info := porcupine.CheckOperationsVerbose(model, history, timeout)
+	t.Logf("porcupine: %s in %v over %d operations", res, time.Since(start).Round(time.Millisecond), len(history))
+	if res == porcupine.Ok {
+		return res, ""
+	}
+	explain(t, model, history, info)
+	f, err := os.CreateTemp("", "idemgate-history-*.html")
+	if err != nil {
+		t.Logf("cannot write visualization: %v", err)
+		return res, ""
+	}
+	defer f.Close()
+	if err := porcupine.Visualize(model, info, f); err != nil {
+		t.Logf("visualize: %v", err)
+	}
+	t.Logf("history visualization: %s", f.Name())
+	return res, f.Name()
+}
