@@ -53,4 +53,10 @@
 // After the run the database itself is checked (history_test.go): every 201 is exactly one
 // operations row, fencing tokens per key are exactly 1..n, at most one hold per key and it
 // names the newest operation, and every answered acquire is in the attempt log.
+//
+// Faults (faults_test.go): the same workload and checks run with one server process killed
+// (SIGKILL) and restarted twice, with the test database's PostgreSQL backends terminated every
+// 300 ms, and with both servers cut off from PostgreSQL for 2.5 s through TCP proxies (the real
+// server is shared with other test packages and never stopped). Answers during faults may be
+// 503 store_unavailable or lost (unknown outcome), never wrong.
 package verify

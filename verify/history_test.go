@@ -119,6 +119,13 @@ func TestHistoryLinearizableTwoProcesses(t *testing.T) {
 
 	w := newWorkload(urls, "verify", verifyDuration(t))
 	rec, history := w.run(t)
+	checkRun(t, dbURL, w, rec, history)
+}
+
+// checkRun is the verdict on one run: no malformed-request answers, something admitted, the
+// history linearizable, and the database invariants (checkDatabase). The fault tests
+// (faults_test.go) share it.
+func checkRun(t *testing.T, dbURL string, w *workload, rec *recorder, history []porcupine.Operation) {
 	for s, n := range rec.statuses {
 		var kind string
 		var status int
