@@ -146,27 +146,11 @@ func (s *Server) refuseAdmin(c *fiber.Ctx, err error, prefix string, p views.Adm
 	case services.CodeNotFound:
 		status, p.ActionError = fiber.StatusNotFound, prefix+"there is no such object any more (or it was already revoked). Nothing was changed."
 	case services.CodeInvalidRequest:
-		p.ActionError = prefix + adminFieldProblems(de) + " Nothing was changed."
+		p.ActionError = prefix + fieldProblems(de, adminFormLabels) + " Nothing was changed."
 	default:
 		return err
 	}
 	return s.renderAdmin(c, status, p)
-}
-
-// adminFieldProblems joins a validation error's fields into one sentence, or gives its message.
-func adminFieldProblems(de *services.Error) string {
-	parts := make([]string, 0, len(de.Fields))
-	for _, f := range de.Fields {
-		label := adminFormLabels[f.Field]
-		if label == "" {
-			label = f.Field
-		}
-		parts = append(parts, label+" "+f.Message)
-	}
-	if len(parts) == 0 {
-		return de.Message
-	}
-	return strings.Join(parts, "; ") + "."
 }
 
 // renderAdmin renders the admin page with the current keys and accounts and p's flash,

@@ -158,11 +158,25 @@ func filterProblem(de *services.Error) string {
 	if len(de.Fields) == 0 {
 		return de.Message
 	}
+	return "The filter is not valid: " + fieldProblems(de, nil)
+}
+
+// fieldProblems joins a validation error's fields into one sentence for a dashboard page,
+// naming each field by its form label where labels has one; with no fields it gives the
+// error's message.
+func fieldProblems(de *services.Error, labels map[string]string) string {
 	parts := make([]string, 0, len(de.Fields))
 	for _, f := range de.Fields {
-		parts = append(parts, f.Field+" "+f.Message)
+		label := labels[f.Field]
+		if label == "" {
+			label = f.Field
+		}
+		parts = append(parts, label+" "+f.Message)
 	}
-	return "The filter is not valid: " + strings.Join(parts, "; ") + "."
+	if len(parts) == 0 {
+		return de.Message
+	}
+	return strings.Join(parts, "; ") + "."
 }
 
 func pageSizeOptions(current int) []views.Option {

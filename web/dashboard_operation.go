@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -127,7 +126,7 @@ func (s *Server) refuseAction(c *fiber.Ctx, err error, prefix string, form opera
 	case de.Code == services.CodeUnauthorized:
 		return s.renderErrorPage(c, fiber.StatusForbidden, de.Message)
 	case de.Code == services.CodeInvalidRequest:
-		form.status, form.problem = fiber.StatusBadRequest, prefix+operationFieldProblems(de)+" Nothing was changed."
+		form.status, form.problem = fiber.StatusBadRequest, prefix+fieldProblems(de, operationFormLabels)+" Nothing was changed."
 	case de.Code == services.CodeStoreUnavailable:
 		return err
 	default:
@@ -153,22 +152,6 @@ func operationRefusal(de *services.Error) string {
 var operationFormLabels = map[string]string{
 	"status": "Outcome", "receipt": "Receipt", "note": "Note",
 	"operation_id": "Operation", "fencing_token": "Fencing token", "reason": "Reason",
-}
-
-// operationFieldProblems joins a validation error's fields into one sentence.
-func operationFieldProblems(de *services.Error) string {
-	parts := make([]string, 0, len(de.Fields))
-	for _, f := range de.Fields {
-		label := operationFormLabels[f.Field]
-		if label == "" {
-			label = f.Field
-		}
-		parts = append(parts, label+" "+f.Message)
-	}
-	if len(parts) == 0 {
-		return de.Message
-	}
-	return strings.Join(parts, "; ") + "."
 }
 
 // renderOperation renders the detail page of the operation in the URL as the signed-in
