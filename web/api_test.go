@@ -324,32 +324,6 @@ func TestAPIListsPaginate(t *testing.T) {
 	})
 }
 
-// TestAPITenantIsolation calls every JSON endpoint as tenant B on tenant A's objects: each
-// answers as if they did not exist, and nothing of A's changes.
-func TestAPITenantIsolation(t *testing.T) {
-	eachServer(t, func(t *testing.T, s *Server) {
-		a, b := newTenantClient(t, s), newTenantClient(t, s)
-		res := acquire(a, "shared-name", nil)
-		owner, opID := res.body["owner_token"].(string), res.body["operation_id"].(string)
-
-		problemOf(t, b.do("GET", "/v1/keys/shared-name", nil), 404, "not_found")
-		problemOf(t, b.do("GET", "/v1/operations/"+opID, nil), 404, "not_found")
-		problemOf(t, b.do("POST", "/v1/release", map[string]any{"key": "shared-name", "owner_token": owner}), 404, "key_not_held")
-		problemOf(t, b.do("POST", "/v1/operations/"+opID+"/outcome", map[string]any{"owner_token": owner, "status": "succeeded"}), 404, "not_found")
-		require.Empty(t, b.do("GET", "/v1/keys", nil).body["items"])
-		require.Empty(t, b.do("GET", "/v1/attempts", nil).body["items"])
-		// The same key string is independent in B.
-		bres := acquire(b, "shared-name", nil)
-		require.Equal(t, 201, bres.status)
-		require.EqualValues(t, 1, bres.body["fencing_token"])
-
-		got := a.do("GET", "/v1/operations/"+opID, nil)
-		require.Equal(t, "in_progress", got.body["state"])
-		require.Equal(t, true, got.body["held"])
-		require.Len(t, got.body["attempts"], 1)
-	})
-}
-
 func TestOperationalEndpoints(t *testing.T) {
 	eachServer(t, func(t *testing.T, s *Server) {
 		anon := &apiClient{t: t, s: s}

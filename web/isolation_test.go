@@ -1,0 +1,235 @@
+package web
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
+	"github.com/stretchr/testify/require"
+)
+
+// isolationWorld is tenant B's objects, which tenant A must never see or change.
+type isolationWorld struct {
+	marker    string // every key of B starts with it, so any leak of a B key into a page shows
+	held      *services.Acquisition
+	uncertain string // an uncertain operation of B (its key re-acquired)
+	other     string // a key B holds, whose name A then acquires for itself
+}
+
+// isolationSnapshot is everything about B's operations that an action could change.
+type isolationSnapshot map[string]string
+
+func (f *dashFixture) isolationSnapshot(t *testing.T, ids ...string) isolationSnapshot {
+	t.Helper()
+	out := isolationSnapshot{}
+	for _, id := range ids {
+		d := f.opDetail(t, f.pB, id)
+		out[id] = d.State + "|held=" + strconv.FormatBool(d.Held) + "|events=" + strconv.Itoa(len(d.Events)) +
+			"|attempts=" + strconv.Itoa(len(d.Attempts)) + "|outcome=" + strconv.FormatBool(d.Outcome != nil)
+	}
+	var n int64
+	require.NoError(t, f.db.Model(&models.APIKey{}).Where("id = ? AND revoked_at IS NULL", f.pB.APIKeyID).Count(&n).Error)
+	out["api-key-live"] = strconv.FormatInt(n, 10)
+	require.NoError(t, f.db.Model(&models.Operator{}).Count(&n).Error)
+	out["operators"] = strconv.FormatInt(n, 10)
+	return out
+}
+
+// TestTenantIsolationMatrix calls every route of the service (the test fails when a route is
+// added without a row here) as tenant A on tenant B's objects: JSON endpoints with A's API key,
+// dashboard routes as an operator (and an admin) restricted to tenant A. Each B object answers
+// 404 as if it did not exist, no listing, count or export shows B's keys, and nothing of B's
+// changes (issue 4, SPEC.md §5).
+func TestTenantIsolationMatrix(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		ctx := context.Background()
+		// Tenant B: a held key with duplicates and a conflict, an uncertain operation, a second
+		// held key. Tenant A: one key in progress, so its pages are not trivially empty.
+		w := isolationWorld{marker: "isob-" + dashRandom() + "-"}
+		w.held = f.acquire(t, f.pB, w.marker+"held")
+		f.acquire(t, f.pB, w.marker+"held")
+		_, err := f.s.adm.Acquire(ctx, f.pB, services.AcquireInput{Key: w.marker + "held", TTLSeconds: 300,
+			Operation: &f.op, Fingerprint: &w.marker})
+		require.ErrorIs(t, err, services.ErrFingerprintMismatch)
+		late, err := f.s.adm.Acquire(ctx, f.pB, services.AcquireInput{Key: w.marker + "late", TTLSeconds: 1, Operation: &f.op})
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond)
+		require.True(t, f.acquire(t, f.pB, w.marker+"late").Admitted)
+		w.uncertain = late.OperationID
+		require.Equal(t, models.StateUncertain, f.opDetail(t, f.pB, w.uncertain).State)
+		w.other = "shared-" + dashRandom() // not under the marker: A acquires this name for itself
+		otherOp := f.acquire(t, f.pB, w.other)
+		f.acquire(t, f.pA, "a-own")
+
+		ids := []string{w.held.OperationID, w.uncertain, otherOp.OperationID}
+
+		secretA, err := f.s.auth.CreateAPIKey(ctx, f.tenantA, "isolation", "")
+		require.NoError(t, err)
+		api := &apiClient{t: t, s: f.s, key: secretA}
+		op := newDashBrowser(t, f.s)
+		op.mustLogin(f.restricted)
+		csrf := op.get("/keys").csrf(t)
+		tenantAdmin := newDashBrowser(t, f.s)
+		tenantAdmin.mustLogin(dashOperator(t, f.db, models.RoleAdmin, &f.pA.TenantID))
+		adminCSRF := tenantAdmin.get("/keys").csrf(t)
+		before := f.isolationSnapshot(t, ids...)
+
+		noLeak := func(t *testing.T, body string) {
+			t.Helper()
+			// Whole key names: a filter form rightly echoes the marker typed into it.
+			for _, k := range []string{w.marker + "held", w.marker + "late"} {
+				require.NotContains(t, body, k, "a key of tenant B leaked")
+			}
+			require.NotContains(t, body, f.tenantB, "tenant B's name leaked")
+			for _, id := range ids {
+				require.NotContains(t, body, id, "an operation id of tenant B leaked")
+			}
+		}
+		page := func(b *dashBrowser, status int) func(t *testing.T, path string) {
+			return func(t *testing.T, path string) {
+				p := b.get(path)
+				require.Equal(t, status, p.status, "%s: %s", path, p.body)
+				noLeak(t, p.body)
+			}
+		}
+		post := func(b *dashBrowser, token string, form url.Values, status int) func(t *testing.T, path string) {
+			return func(t *testing.T, path string) {
+				form.Set("_csrf", token)
+				p := b.post(path, form)
+				require.Equal(t, status, p.status, "%s: %s", path, p.body)
+				noLeak(t, p.body)
+			}
+		}
+		apiCall := func(method string, body any, status int, code string) func(t *testing.T, path string) {
+			return func(t *testing.T, path string) {
+				res := api.do(method, path, body)
+				if code != "" {
+					problemOf(t, res, status, code)
+				}
+				require.Equal(t, status, res.status, res.raw)
+				noLeak(t, res.raw)
+			}
+		}
+		heldID, uncertainID := w.held.OperationID, w.uncertain
+		bAPIKey := strconv.FormatInt(f.pB.APIKeyID, 10)
+
+		type call struct {
+			path string
+			run  func(t *testing.T, path string)
+		}
+		// matrix maps each registered route ("METHOD /pattern") to its calls, or to nil with a
+		// reason in noTenantData.
+		matrix := map[string][]call{
+			"POST /v1/acquire": {{"/v1/acquire", func(t *testing.T, path string) {
+				// B's key name is a different key in A: admitted there with fencing token 1.
+				res := api.do("POST", path, map[string]any{"key": w.other, "ttl_seconds": 60})
+				require.Equal(t, http.StatusCreated, res.status, res.raw)
+				require.EqualValues(t, 1, res.body["fencing_token"])
+				require.NotEqual(t, otherOp.OperationID, res.body["operation_id"])
+			}}},
+			"POST /v1/release": {{"/v1/release", apiCall("POST", map[string]any{"key": w.marker + "held",
+				"owner_token": w.held.OwnerToken}, 404, "key_not_held")}},
+			"POST /v1/operations/:id/outcome": {
+				{"/v1/operations/" + heldID + "/outcome", apiCall("POST", map[string]any{"owner_token": w.held.OwnerToken,
+					"status": "succeeded"}, 404, "not_found")},
+				{"/v1/operations/" + uncertainID + "/outcome", apiCall("POST", map[string]any{"owner_token": w.held.OwnerToken,
+					"status": "failed"}, 404, "not_found")},
+			},
+			"GET /v1/operations/:id": {
+				{"/v1/operations/" + heldID, apiCall("GET", nil, 404, "not_found")},
+				{"/v1/operations/" + uncertainID, apiCall("GET", nil, 404, "not_found")},
+			},
+			"GET /v1/keys": {
+				{"/v1/keys", apiCall("GET", nil, 200, "")},
+				{"/v1/keys?prefix=" + url.QueryEscape(w.marker), apiCall("GET", nil, 200, "")},
+				{"/v1/keys?state=uncertain", apiCall("GET", nil, 200, "")},
+			},
+			"GET /v1/keys/*": {{"/v1/keys/" + url.PathEscape(w.marker+"held"), apiCall("GET", nil, 404, "not_found")}},
+			"GET /v1/attempts": {
+				{"/v1/attempts", apiCall("GET", nil, 200, "")},
+				{"/v1/attempts?key=" + url.QueryEscape(w.marker+"held"), apiCall("GET", nil, 200, "")},
+			},
+
+			"GET /": {{"/", func(t *testing.T, path string) {
+				p := op.get(path)
+				require.Equal(t, http.StatusOK, p.status)
+				noLeak(t, p.body)
+				// Only A's one key counts; B's uncertain operation is not A's to reconcile.
+				require.EqualValues(t, 1, overviewCount(t, p, "overview-count-in_progress"))
+				require.EqualValues(t, 0, overviewCount(t, p, "overview-count-uncertain"))
+				require.EqualValues(t, 0, overviewCount(t, p, "overview-needs-reconciliation"))
+			}}},
+			"GET /keys": {
+				{"/keys", page(op, 200)},
+				{"/keys?prefix=" + url.QueryEscape(w.marker), page(op, 200)},
+				{"/keys?state=uncertain", page(op, 200)},
+				{"/keys?state=in_progress&expiring=1", page(op, 200)},
+				{"/keys?operation=" + url.QueryEscape(f.op), page(op, 200)},
+			},
+			"GET /operations/:id": {
+				{"/operations/" + heldID, page(op, 404)},
+				{"/operations/" + uncertainID, page(op, 404)},
+			},
+			"POST /operations/:id/outcome": {{"/operations/" + uncertainID + "/outcome",
+				post(op, csrf, url.Values{"status": {"failed"}, "note": {"reconciled by A"}}, 404)}},
+			"POST /operations/:id/release": {{"/operations/" + heldID + "/release",
+				post(op, csrf, url.Values{"operation_id": {heldID}, "fencing_token": {"1"}, "reason": {"r"}, "confirm": {"yes"}}, 404)}},
+			"GET /audit": {
+				{"/audit", page(op, 200)},
+				{"/audit?tenant=" + url.QueryEscape(f.tenantB), page(op, 200)},
+			},
+			"GET /audit.csv": {
+				{"/audit.csv", page(op, 200)},
+				{"/audit.csv?tenant=" + url.QueryEscape(f.tenantB), page(op, 200)},
+			},
+			// The admin page is installation-wide: a tenant's own admin is refused outright.
+			"GET /admin":                       {{"/admin", page(tenantAdmin, 403)}},
+			"POST /admin/api-keys":             {{"/admin/api-keys", post(tenantAdmin, adminCSRF, url.Values{"tenant": {f.tenantB}, "label": {"x"}}, 403)}},
+			"POST /admin/api-keys/:id/revoke":  {{"/admin/api-keys/" + bAPIKey + "/revoke", post(tenantAdmin, adminCSRF, url.Values{"confirm": {"yes"}}, 403)}},
+			"POST /admin/operators":            {{"/admin/operators", post(tenantAdmin, adminCSRF, url.Values{"username": {"x-" + dashRandom()}, "role": {"admin"}, "password": {"a-long-password-1"}}, 403)}},
+			"POST /admin/operators/:id/role":   {{"/admin/operators/1/role", post(tenantAdmin, adminCSRF, url.Values{"role": {"auditor"}}, 403)}},
+			"POST /admin/operators/:id/delete": {{"/admin/operators/1/delete", post(tenantAdmin, adminCSRF, url.Values{"confirm": {"yes"}}, 403)}},
+			// Operational: never names a key or an operation.
+			"GET /metrics": {{"/metrics", apiCall("GET", nil, 200, "")}},
+		}
+		noTenantData := map[string]string{
+			"GET /healthz":  "liveness: no tenant data",
+			"GET /readyz":   "readiness: no tenant data",
+			"GET /login":    "the sign-in form: no tenant data",
+			"POST /login":   "signs in: no tenant data",
+			"POST /logout":  "signs out: no tenant data",
+			"GET /static/*": "embedded assets",
+		}
+
+		var routes []string
+		for _, r := range f.s.App().GetRoutes(true) {
+			if r.Method == http.MethodHead {
+				continue // Fiber's automatic HEAD for each GET
+			}
+			routes = append(routes, r.Method+" "+r.Path)
+		}
+		sort.Strings(routes)
+		for _, r := range routes {
+			_, listed := noTenantData[r]
+			require.True(t, listed || matrix[r] != nil, "route %s has no row in the tenant-isolation matrix", r)
+		}
+		for r := range matrix {
+			require.Contains(t, routes, r, "the matrix names a route the server does not have")
+		}
+		for _, route := range routes { // sorted: GET / runs before A acquires a key of its own
+			calls := matrix[route]
+			for _, c := range calls {
+				t.Run(strings.ReplaceAll(route+" "+c.path, "/", "_"), func(t *testing.T) { c.run(t, c.path) })
+			}
+		}
+		require.Equal(t, before, f.isolationSnapshot(t, ids...), "nothing of tenant B's changed")
+	})
+}
