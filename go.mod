@@ -2,6 +2,8 @@ module github.com/idemgate/idemgate
 
 go 1.26.0
 
+toolchain go1.27.3
+
 require (
 	github.com/PuerkitoBio/goquery v1.13.0
 	github.com/a-h/templ v0.3.1100
