@@ -7,7 +7,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test check generate bench fmt e2e fuzz vuln verify
+.PHONY: run test check generate bench fmt e2e fuzz fuzz-corpus vuln verify
 
 run:
 	$(GO) run .
@@ -23,6 +23,10 @@ test: check
 # Every fuzz target for FUZZTIME (default 10s) each.
 fuzz:
 	.ci/fuzz.sh
+
+# Grow the committed fuzz corpus (CORPUSTIME per target, default 60s), then commit testdata/fuzz.
+fuzz-corpus:
+	.ci/fuzz-corpus.sh
 
 # govulncheck against a local copy of the Go vulnerability database (see the script); any
 # reachable vulnerability, in a dependency or in the standard library, fails `make test`.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every Go fuzz target of the module for a bounded time each (FUZZTIME, default 10s), one
-# after another (go test -fuzz takes one target at a time). The seed corpus lives in the
-# f.Add calls; an input that fails is written by go test to testdata/fuzz/<Target>/ in that
-# package, and must be committed with the fix so it stays a regression test.
+# after another (go test -fuzz takes one target at a time). Each target starts from its f.Add
+# seeds plus the committed corpus in <package>/testdata/fuzz/<Target>/ (grown by
+# .ci/fuzz-corpus.sh, `make fuzz-corpus`), which plain `go test` also replays. An input that
+# fails is written there by go test and must be committed with the fix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-10s}
