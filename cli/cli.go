@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/web/logging"
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 )
@@ -62,6 +63,9 @@ func newRoot(env Env) *cobra.Command {
 	return root
 }
 
+// newLogger returns the process's logger: JSON lines (or text on a terminal, or as
+// configured) at cfg.LogLevel, with the request id of the context on every record logged
+// during a request (logging.NewHandler).
 func newLogger(cfg Config, w io.Writer) *slog.Logger {
 	format := cfg.LogFormat
 	if format == "" {
@@ -70,10 +74,11 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 			format = "text"
 		}
 	}
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
 	if format == "text" {
-		return slog.New(slog.NewTextHandler(w, nil))
+		return slog.New(logging.NewHandler(slog.NewTextHandler(w, opts)))
 	}
-	return slog.New(slog.NewJSONHandler(w, nil))
+	return slog.New(logging.NewHandler(slog.NewJSONHandler(w, opts)))
 }
 
 // open loads the configuration, opens the database and migrates it.

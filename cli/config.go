@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ type Config struct {
 	BootstrapAPIKey string        // IDEMGATE_BOOTSTRAP_API_KEY, bootstrap API key (else generated)
 	SecureCookies   bool          // IDEMGATE_SECURE_COOKIES, mark dashboard cookies Secure (behind TLS), default false
 	LogFormat       string        // IDEMGATE_LOG_FORMAT, "json" or "text"; default text on a terminal, else json
+	LogLevel        slog.Level    // IDEMGATE_LOG_LEVEL, debug, info, warn or error; default info
 	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
 }
 
@@ -75,6 +77,20 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	case "", "json", "text":
 	default:
 		errs = append(errs, fmt.Errorf("IDEMGATE_LOG_FORMAT=%q: want json or text", c.LogFormat))
+	}
+	if v := getenv("IDEMGATE_LOG_LEVEL"); v != "" {
+		switch strings.ToLower(v) {
+		case "debug":
+			c.LogLevel = slog.LevelDebug
+		case "info":
+			c.LogLevel = slog.LevelInfo
+		case "warn":
+			c.LogLevel = slog.LevelWarn
+		case "error":
+			c.LogLevel = slog.LevelError
+		default:
+			errs = append(errs, fmt.Errorf("IDEMGATE_LOG_LEVEL=%q: want debug, info, warn or error", v))
+		}
 	}
 	if c.BootstrapAPIKey != "" {
 		if msg := services.ValidateAPIKeySecret(c.BootstrapAPIKey); msg != "" {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -19,19 +20,23 @@ func TestLoadConfigDefaults(t *testing.T) {
 	require.Equal(t, 90*24*time.Hour, c.Retention)
 	require.Equal(t, 30*time.Second, c.ReapInterval)
 	require.Equal(t, 16, c.DBMaxConns)
+	require.Equal(t, slog.LevelInfo, c.LogLevel)
 }
 
 func TestLoadConfigParsesAndReportsEveryProblem(t *testing.T) {
-	c, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "7d", "IDEMGATE_RETENTION": "36h", "IDEMGATE_REAP_INTERVAL": "5"}))
+	c, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "7d", "IDEMGATE_RETENTION": "36h", "IDEMGATE_REAP_INTERVAL": "5",
+		"IDEMGATE_LOG_LEVEL": "DEBUG"}))
 	require.NoError(t, err)
+	require.Equal(t, slog.LevelDebug, c.LogLevel)
 	require.Equal(t, 7*24*time.Hour, c.MaxTTL)
 	require.Equal(t, 36*time.Hour, c.Retention)
 	require.Equal(t, 5*time.Second, c.ReapInterval)
 
 	_, err = LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "soon", "IDEMGATE_DB_MAX_CONNS": "0",
-		"IDEMGATE_BOOTSTRAP_API_KEY": "short", "IDEMGATE_ADMIN_PASSWORD": "tiny", "IDEMGATE_LOG_FORMAT": "xml"}))
+		"IDEMGATE_BOOTSTRAP_API_KEY": "short", "IDEMGATE_ADMIN_PASSWORD": "tiny", "IDEMGATE_LOG_FORMAT": "xml",
+		"IDEMGATE_LOG_LEVEL": "loud"}))
 	require.Error(t, err)
-	for _, name := range []string{"IDEMGATE_MAX_TTL", "IDEMGATE_DB_MAX_CONNS", "IDEMGATE_BOOTSTRAP_API_KEY", "IDEMGATE_ADMIN_PASSWORD", "IDEMGATE_LOG_FORMAT"} {
+	for _, name := range []string{"IDEMGATE_MAX_TTL", "IDEMGATE_DB_MAX_CONNS", "IDEMGATE_BOOTSTRAP_API_KEY", "IDEMGATE_ADMIN_PASSWORD", "IDEMGATE_LOG_FORMAT", "IDEMGATE_LOG_LEVEL"} {
 		require.Contains(t, err.Error(), name)
 	}
 }

@@ -48,12 +48,12 @@ func serve(ctx context.Context, env Env) error {
 		return err
 	}
 	srv := web.New(web.Config{
-		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB,
+		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: web.NewSessionStorage(db), SecureCookies: cfg.SecureCookies,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()
-	go services.NewReaper(db, log, cfg.Retention).Run(reaperCtx, cfg.ReapInterval)
+	go services.NewReaper(db, log, cfg.Retention).WithObserver(srv.Observer()).Run(reaperCtx, cfg.ReapInterval)
 
 	// Bind before saying we listen, so a taken port is the only thing reported.
 	ln, err := net.Listen("tcp", cfg.Addr)

@@ -104,7 +104,7 @@ func (a *Auth) AdminCreateAPIKey(ctx context.Context, acct *OperatorAccount, ten
 	}
 	secret, err := a.CreateAPIKey(ctx, tenant, label, "")
 	if err == nil {
-		a.log.Info("API key created", "by", acct.Username, "tenant", tenant, "prefix", secretPrefix(secret))
+		a.log.InfoContext(ctx, "API key created", "by", acct.Username, "tenant", tenant, "prefix", secretPrefix(secret))
 	}
 	return secret, err
 }
@@ -133,7 +133,7 @@ func (a *Auth) RevokeAPIKeyByID(ctx context.Context, acct *OperatorAccount, id i
 	a.mu.Lock()
 	delete(a.cache, k.SecretHash)
 	a.mu.Unlock()
-	a.log.Info("API key revoked", "by", acct.Username, "prefix", k.Prefix)
+	a.log.InfoContext(ctx, "API key revoked", "by", acct.Username, "prefix", k.Prefix)
 	return nil
 }
 
@@ -176,7 +176,7 @@ func (a *Auth) AdminCreateOperator(ctx context.Context, acct *OperatorAccount, u
 	}
 	op, err := a.CreateOperator(ctx, username, password, role, tenant)
 	if err == nil {
-		a.log.Info("operator created", "by", acct.Username, "username", op.Username, "role", op.Role)
+		a.log.InfoContext(ctx, "operator created", "by", acct.Username, "username", op.Username, "role", op.Role)
 	}
 	return op, err
 }
@@ -209,7 +209,7 @@ func (a *Auth) SetOperatorRole(ctx context.Context, acct *OperatorAccount, id in
 	if err != nil {
 		return storeError("set operator role", err)
 	}
-	a.log.Info("operator role changed", "by", acct.Username, "operator_id", id, "role", role)
+	a.log.InfoContext(ctx, "operator role changed", "by", acct.Username, "operator_id", id, "role", role)
 	return nil
 }
 
@@ -234,7 +234,7 @@ func (a *Auth) DeleteOperator(ctx context.Context, acct *OperatorAccount, id int
 	if err != nil {
 		return storeError("delete operator", err)
 	}
-	a.log.Info("operator deleted", "by", acct.Username, "operator_id", id)
+	a.log.InfoContext(ctx, "operator deleted", "by", acct.Username, "operator_id", id)
 	return nil
 }
 

@@ -22,15 +22,16 @@ type Admission struct {
 	db     *models.DB
 	log    *slog.Logger
 	maxTTL time.Duration
+	obs    Observer
 }
 
 // NewAdmission returns an Admission over db. maxTTL bounds ttl_seconds (0 means
-// DefaultMaxTTL).
+// DefaultMaxTTL). It reports its decisions to nobody; see WithObserver.
 func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admission {
 	if maxTTL <= 0 {
 		maxTTL = DefaultMaxTTL
 	}
-	return &Admission{db: db, log: log, maxTTL: maxTTL}
+	return &Admission{db: db, log: log, maxTTL: maxTTL, obs: nopObserver{}}
 }
 
 // MaxTTL returns the largest TTL acquire accepts.
@@ -146,6 +147,7 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	if err != nil {
 		return nil, storeError("acquire", err)
 	}
+	a.obs.AcquireDecided(ctx, p.TenantName, row.Result)
 	switch row.Result {
 	case models.ResultConflict:
 		return nil, ErrFingerprintMismatch

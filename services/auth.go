@@ -70,8 +70,15 @@ func (a *Auth) Authenticate(ctx context.Context, secret string) (Principal, erro
 	if ok && now.Sub(c.fetched) < CacheTTL {
 		return c.p, nil
 	}
-	var k models.APIKey
-	err := a.db.WithContext(ctx).Where("secret_hash = ? AND revoked_at IS NULL", h).Take(&k).Error
+	var k struct {
+		models.APIKey
+		TenantName string
+	}
+	// The tenant's name rides along for metrics labels (tenants are never renamed).
+	err := a.db.WithContext(ctx).Model(&models.APIKey{}).
+		Select("api_keys.id, api_keys.tenant_id, api_keys.prefix, tenants.name AS tenant_name").
+		Joins("JOIN tenants ON tenants.id = api_keys.tenant_id").
+		Where("api_keys.secret_hash = ? AND api_keys.revoked_at IS NULL", h).Take(&k).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		a.mu.Lock()
 		delete(a.cache, h)
@@ -80,7 +87,7 @@ func (a *Auth) Authenticate(ctx context.Context, secret string) (Principal, erro
 	} else if err != nil {
 		return Principal{}, storeError("authenticate", err)
 	}
-	p := Principal{TenantID: k.TenantID, APIKeyID: k.ID, Prefix: k.Prefix}
+	p := Principal{TenantID: k.TenantID, TenantName: k.TenantName, APIKeyID: k.ID, Prefix: k.Prefix}
 	touch := !ok || now.Sub(c.touched) >= lastUsedEvery
 	entry := cachedKey{p: p, fetched: now, touched: c.touched}
 	if touch {
@@ -94,14 +101,15 @@ func (a *Auth) Authenticate(ctx context.Context, secret string) (Principal, erro
 	a.mu.Unlock()
 	if touch {
 		// Bookkeeping only: it must not slow or fail the request it rides on.
-		go func(id int64) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// The request's context values (its request id, for the log) without its cancellation.
+		go func(ctx context.Context, id int64) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			if err := a.db.WithContext(ctx).Model(&models.APIKey{}).Where("id = ?", id).
 				Update("last_used_at", time.Now().UTC()).Error; err != nil {
-				a.log.Debug("could not record API key use", "err", err)
+				a.log.DebugContext(ctx, "could not record API key use", "err", err)
 			}
-		}(k.ID)
+		}(context.WithoutCancel(ctx), k.ID)
 	}
 	return p, nil
 }

@@ -268,17 +268,19 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 // receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
 // state; recording the same status and receipt again succeeds and changes nothing),
 // ErrStoreUnavailable.
-func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (*Operation, error) {
+func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (_ *Operation, err error) {
 	if err := canAct(acct); err != nil {
 		return nil, err
 	}
-	id, err := normaliseID(id)
+	id, err = normaliseID(id)
 	if err != nil {
 		return nil, err
 	}
 	if err := in.validate(); err != nil {
 		return nil, err
 	}
+	changed := false
+	defer func() { observeOutcome(ctx, a.obs, SourceOperator, in.Status, changed, err) }()
 	var out *Operation
 	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if _, err := a.operatorOpRow(tx, acct, id); err != nil {
@@ -303,7 +305,7 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 				"The operation is %s; an outcome can be recorded only while it is in_progress or uncertain.", op.State)}
 		}
 		note := in.Note
-		if err := applyOutcome(tx, &op, in.Status, in.Receipt, rawJSON(op.OutcomeResponse), &note, false,
+		if changed, err = applyOutcome(tx, &op, in.Status, in.Receipt, rawJSON(op.OutcomeResponse), &note, false,
 			acct.Username, now); err != nil {
 			return err
 		}
@@ -331,17 +333,18 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 // operation holds the key under another fencing token than the operator saw),
 // ErrEffectConfirmed (succeeded), ErrOutcomeUncertain (uncertain: reconcile first),
 // ErrInvalidTransition (already released), ErrStoreUnavailable.
-func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (*Operation, error) {
+func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
 	if err := canAct(acct); err != nil {
 		return nil, err
 	}
-	id, err := normaliseID(id)
+	id, err = normaliseID(id)
 	if err != nil {
 		return nil, err
 	}
 	if err := in.validate(id); err != nil {
 		return nil, err
 	}
+	defer func() { observeRelease(ctx, a.obs, SourceOperator, false, err) }()
 	var out *Operation
 	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		seen, err := a.operatorOpRow(tx, acct, id)

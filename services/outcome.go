@@ -73,14 +73,16 @@ func (in *OutcomeInput) validate() (json.RawMessage, error) {
 // (unknown id or another tenant's), ErrNotOwner (checked first), ErrInvalidRequest,
 // ErrPayloadTooLarge (response over 64 KiB; nothing changes), ErrInvalidTransition,
 // ErrStoreUnavailable.
-func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, in OutcomeInput) (*Operation, error) {
+func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, in OutcomeInput) (op *Operation, err error) {
 	u, perr := uuid.Parse(id)
 	if perr != nil {
 		return nil, ErrNotFound
 	}
 	id = u.String() // the stored spelling: PostgreSQL would match others, SQLite would not
+	changed := false
+	defer func() { observeOutcome(ctx, a.obs, SourceAPI, in.Status, changed, err) }()
 	var out *Operation
-	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var op models.Operation
 		err := tx.Where("id = ? AND tenant_id = ?", id, p.TenantID).Take(&op).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -110,7 +112,7 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 		if err != nil {
 			return err
 		}
-		if err := applyOutcome(tx, &op, in.Status, in.Receipt, resp, in.Note, in.Release, "api:"+p.Prefix, now); err != nil {
+		if changed, err = applyOutcome(tx, &op, in.Status, in.Receipt, resp, in.Note, in.Release, "api:"+p.Prefix, now); err != nil {
 			return err
 		}
 		out, err = loadOperation(tx, p.TenantID, op.ID, now)
@@ -124,9 +126,9 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 
 // applyOutcome moves op by the state machine of SPEC.md §3 and writes the outcome and an event.
 // It returns ErrInvalidTransition for a refused move and does nothing for a repeat of the same
-// outcome.
+// outcome; changed reports whether it wrote anything.
 func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *string, resp json.RawMessage,
-	note *string, release bool, actor string, now time.Time) error {
+	note *string, release bool, actor string, now time.Time) (changed bool, err error) {
 	if release {
 		// Only the holder can release. After another attempt took the key over, the failed
 		// outcome is still recorded, but the operation stays failed: it released nothing.
@@ -134,7 +136,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		if err := tx.Model(&models.IdemKey{}).
 			Where("tenant_id = ? AND key = ? AND holder_operation_id = ?", op.TenantID, op.Key, op.ID).
 			Count(&holds).Error; err != nil {
-			return err
+			return false, err
 		}
 		release = holds > 0
 	}
@@ -151,22 +153,22 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		// the reaper already marked records the caller's details once.
 		if status == models.StateUncertain && (op.OutcomeStatus != nil) {
 			if same {
-				return nil
+				return false, nil
 			}
-			return ErrInvalidTransition
+			return false, ErrInvalidTransition
 		}
 	case models.StateFailed:
 		if !same {
-			return ErrInvalidTransition
+			return false, ErrInvalidTransition
 		}
 		if !release {
-			return nil
+			return false, nil
 		}
 	default: // succeeded, released: terminal
 		if same {
-			return nil
+			return false, nil
 		}
-		return ErrInvalidTransition
+		return false, ErrInvalidTransition
 	}
 	updates := map[string]any{
 		"state": target, "outcome_status": status, "outcome_receipt": receipt,
@@ -181,7 +183,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		updates["ended_at"] = now
 	}
 	if err := tx.Model(&models.Operation{}).Where("id = ?", op.ID).Updates(updates).Error; err != nil {
-		return err
+		return false, err
 	}
 	if op.State != models.StateFailed {
 		detail := fmt.Sprintf("%s -> %s: outcome %s", op.State, status, status)
@@ -190,7 +192,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		}
 		if err := tx.Create(&models.Event{OperationID: op.ID, TenantID: op.TenantID, Kind: EventOutcome,
 			Actor: actor, Detail: detail, CreatedAt: now}).Error; err != nil {
-			return err
+			return false, err
 		}
 	}
 	if release {
@@ -199,7 +201,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 			reason = *note
 		}
 		op.State = models.StateFailed
-		return releaseHold(tx, op, now, &reason, actor)
+		return true, releaseHold(tx, op, now, &reason, actor)
 	}
-	return nil
+	return true, nil
 }

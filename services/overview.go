@@ -125,3 +125,26 @@ func (a *Admission) Overview(ctx context.Context, tenantID *int64) (*Overview, e
 	}
 	return ov, nil
 }
+
+// TenantCount is a number of operations of one tenant, by the tenant's name.
+type TenantCount struct {
+	Tenant string
+	Count  int64
+}
+
+// NeedsReconciliationByTenant returns, for every tenant, the number of its operations in state
+// uncertain (SPEC.md §3 "needs reconciliation"), zeros included, ordered by tenant name. It is
+// for metrics: one statement whose cost grows with the number of uncertain operations and of
+// tenants, not of all operations (it reads the partial index operations_uncertain). Errors:
+// ErrStoreUnavailable.
+func (a *Admission) NeedsReconciliationByTenant(ctx context.Context) ([]TenantCount, error) {
+	var out []TenantCount
+	err := a.db.WithContext(ctx).Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count
+  FROM tenants t
+  LEFT JOIN (SELECT tenant_id, COUNT(*) AS n FROM operations WHERE state = ? GROUP BY tenant_id) u ON u.tenant_id = t.id
+ ORDER BY t.name`, models.StateUncertain).Scan(&out).Error
+	if err != nil {
+		return nil, storeError("count operations needing reconciliation", err)
+	}
+	return out, nil
+}

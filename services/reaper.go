@@ -23,6 +23,7 @@ type Reaper struct {
 	db        *models.DB
 	log       *slog.Logger
 	retention time.Duration
+	obs       Observer
 
 	// afterScan, when set (tests only), runs between reading the expired holds and clearing
 	// them, to prove that a hold re-acquired in between survives.
@@ -30,7 +31,7 @@ type Reaper struct {
 }
 
 // NewReaper returns a Reaper over db that purges evidence older than retention (0 means
-// DefaultRetention). log may be nil.
+// DefaultRetention). log may be nil. It reports its passes to nobody; see WithObserver.
 func NewReaper(db *models.DB, log *slog.Logger, retention time.Duration) *Reaper {
 	if retention <= 0 {
 		retention = DefaultRetention
@@ -38,14 +39,16 @@ func NewReaper(db *models.DB, log *slog.Logger, retention time.Duration) *Reaper
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{db: db, log: log, retention: retention}
+	return &Reaper{db: db, log: log, retention: retention, obs: nopObserver{}}
 }
 
-// ReapResult counts what one reaper pass changed.
+// ReapResult counts what one reaper pass changed, in rows.
 type ReapResult struct {
 	HoldsExpired     int64 // expired holds cleared
 	MarkedUncertain  int64 // in_progress operations moved to uncertain (ttl_expired_without_outcome)
-	OperationsPurged int64 // ended operations older than the retention, with their attempts and events
+	OperationsPurged int64 // ended operations older than the retention
+	AttemptsPurged   int64 // attempts of the purged operations
+	EventsPurged     int64 // events of the purged operations
 	SessionsPurged   int64 // expired dashboard sessions
 }
 
@@ -53,8 +56,14 @@ type ReapResult struct {
 // operation uncertain if it was still in_progress, then purge evidence of operations that ended
 // more than the retention ago, in batches. Errors: ErrStoreUnavailable or a wrapped database
 // error; work done before the error stays done.
-func (r *Reaper) RunOnce(ctx context.Context) (ReapResult, error) {
-	var res ReapResult
+//
+// The pass is reported to the Reaper's Observer, unless ctx ended during it.
+func (r *Reaper) RunOnce(ctx context.Context) (res ReapResult, err error) {
+	defer func() {
+		if ctx.Err() == nil {
+			r.obs.ReaperPassed(ctx, res, err)
+		}
+	}()
 	if err := r.expireHolds(ctx, &res); err != nil {
 		return res, storeError("reap holds", err)
 	}
@@ -80,6 +89,7 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 			r.afterScan()
 		}
 		for _, k := range ks {
+			var expired, marked int64
 			err := db.Transaction(func(tx *gorm.DB) error {
 				// Compare on the operation id read above: if another attempt took the key over
 				// since, this changes nothing.
@@ -89,13 +99,13 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 				if u.Error != nil || u.RowsAffected == 0 {
 					return u.Error
 				}
-				res.HoldsExpired++
+				expired = 1
 				m := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", *k.HolderOperationID, models.StateInProgress).
 					Updates(map[string]any{"state": models.StateUncertain, "state_reason": ReasonTTLExpired})
 				if m.Error != nil || m.RowsAffected == 0 {
 					return m.Error
 				}
-				res.MarkedUncertain++
+				marked = 1
 				return tx.Create(&models.Event{OperationID: *k.HolderOperationID, TenantID: k.TenantID,
 					Kind: EventStateChanged, Actor: ActorSystem, Detail: "in_progress -> uncertain: " + ReasonTTLExpired,
 					CreatedAt: now}).Error
@@ -103,6 +113,9 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 			if err != nil {
 				return err
 			}
+			// Counted only once committed.
+			res.HoldsExpired += expired
+			res.MarkedUncertain += marked
 		}
 		if len(ks) < reapBatch {
 			return nil
@@ -129,20 +142,27 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		if len(ids) == 0 {
 			break
 		}
+		var batch ReapResult
 		err := db.Transaction(func(tx *gorm.DB) error {
-			if err := tx.Where("operation_id IN ?", ids).Delete(&models.Event{}).Error; err != nil {
-				return err
+			e := tx.Where("operation_id IN ?", ids).Delete(&models.Event{})
+			if e.Error != nil {
+				return e.Error
 			}
-			if err := tx.Where("operation_id IN ?", ids).Delete(&models.Attempt{}).Error; err != nil {
-				return err
+			a := tx.Where("operation_id IN ?", ids).Delete(&models.Attempt{})
+			if a.Error != nil {
+				return a.Error
 			}
 			d := tx.Where("id IN ?", ids).Delete(&models.Operation{})
-			res.OperationsPurged += d.RowsAffected
+			batch = ReapResult{OperationsPurged: d.RowsAffected, AttemptsPurged: a.RowsAffected, EventsPurged: e.RowsAffected}
 			return d.Error
 		})
 		if err != nil {
 			return err
 		}
+		// Counted only once committed: a rolled-back batch deleted nothing.
+		res.OperationsPurged += batch.OperationsPurged
+		res.AttemptsPurged += batch.AttemptsPurged
+		res.EventsPurged += batch.EventsPurged
 		if len(ids) < reapBatch {
 			break
 		}
@@ -165,12 +185,13 @@ func (r *Reaper) Run(ctx context.Context, interval time.Duration) {
 		}
 		res, err := r.RunOnce(ctx)
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("reaper pass failed", "err", err)
+			r.log.WarnContext(ctx, "reaper pass failed", "err", err)
 			continue
 		}
 		if res != (ReapResult{}) {
-			r.log.Info("reaper pass", "holds_expired", res.HoldsExpired, "marked_uncertain", res.MarkedUncertain,
-				"operations_purged", res.OperationsPurged, "sessions_purged", res.SessionsPurged)
+			r.log.InfoContext(ctx, "reaper pass", "holds_expired", res.HoldsExpired, "marked_uncertain", res.MarkedUncertain,
+				"operations_purged", res.OperationsPurged, "attempts_purged", res.AttemptsPurged,
+				"events_purged", res.EventsPurged, "sessions_purged", res.SessionsPurged)
 		}
 	}
 }

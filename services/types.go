@@ -5,12 +5,14 @@ import (
 	"time"
 )
 
-// Principal is the authenticated caller of the JSON API: the tenant its API key belongs to and
-// the key's display prefix (recorded as the caller of attempts).
+// Principal is the authenticated caller of the JSON API: the tenant its API key belongs to
+// (id and name), and the key's display prefix (recorded as the caller of attempts).
+// TenantName labels metrics only; authorisation is always by TenantID.
 type Principal struct {
-	TenantID int64
-	APIKeyID int64
-	Prefix   string
+	TenantID   int64
+	TenantName string
+	APIKeyID   int64
+	Prefix     string
 }
 
 // Outcome is the confirmed (or explicitly uncertain) result of an operation (SPEC.md §4).

@@ -27,7 +27,7 @@ func nullIsAbsent(raw json.RawMessage) json.RawMessage {
 	return raw
 }
 
-func handleAcquire(adm *services.Admission, m *metrics) fiber.Handler {
+func handleAcquire(adm *services.Admission) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		var req acquireRequest
 		if err := decodeJSON(c.Body(), &req); err != nil {
@@ -49,17 +49,12 @@ func handleAcquire(adm *services.Admission, m *metrics) fiber.Handler {
 			CorrelationID: req.CorrelationID, AttemptID: req.AttemptID, Metadata: nullIsAbsent(req.Metadata),
 		})
 		if err != nil {
-			if services.IsCode(err, services.CodeFingerprintMismatch) {
-				m.acquires.WithLabelValues("conflict").Inc()
-			}
 			return err
 		}
 		if !acq.Admitted {
-			m.acquires.WithLabelValues("duplicate").Inc()
 			return c.Status(fiber.StatusOK).JSON(duplicateResponse{Admitted: false, Key: acq.Key,
 				Operation: toOperationDTO(acq.Operation)})
 		}
-		m.acquires.WithLabelValues("admitted").Inc()
 		resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
 			FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt}
 		if po := acq.PreviousOperation; po != nil {

@@ -45,17 +45,21 @@ type apiResult struct {
 
 func (c *apiClient) do(method, path string, body any) apiResult {
 	c.t.Helper()
-	var r io.Reader
+	var payload []byte
 	switch b := body.(type) {
 	case nil:
 	case string:
-		r = strings.NewReader(b)
+		payload = []byte(b)
 	case []byte:
-		r = bytes.NewReader(b)
+		payload = b
 	default:
 		j, err := json.Marshal(b)
 		require.NoError(c.t, err)
-		r = bytes.NewReader(j)
+		payload = j
+	}
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(payload)
 	}
 	req := httptest.NewRequest(method, path, r)
 	req.Header.Set("Content-Type", "application/json")
@@ -68,6 +72,10 @@ func (c *apiClient) do(method, path string, body any) apiResult {
 	raw, _ := io.ReadAll(resp.Body)
 	res := apiResult{status: resp.StatusCode, header: resp.Header, raw: string(raw)}
 	_ = json.Unmarshal(raw, &res.body)
+	// Every call is checked against the API contract, so openapi.json cannot drift from the
+	// handlers (openapi_test.go).
+	checkContract(c.t, exchange{method: method, target: path, header: req.Header, body: payload,
+		status: resp.StatusCode, respHeader: resp.Header, respBody: raw})
 	return res
 }
 
@@ -333,8 +341,30 @@ func TestOperationalEndpoints(t *testing.T) {
 		acquire(c, "metric-key", nil)
 		m := anon.do("GET", "/metrics", nil)
 		require.Equal(t, 200, m.status)
-		require.Contains(t, m.raw, `idemgate_acquires_total{result="admitted"}`)
+		require.Contains(t, m.raw, `idemgate_acquires_total{result="admitted",tenant="`)
 		require.Contains(t, m.raw, `idemgate_http_request_duration_seconds_bucket{method="POST",route="/v1/acquire"`)
 		problemOf(t, c.do("GET", "/v1/nope", nil), 404, "not_found")
+	})
+}
+
+// TestAPIStoredJSONReplaysExactly: a stored response and metadata come back with the bytes the
+// client sent (up to insignificant whitespace), including <, > and & that encoding/json
+// escapes by default, so a replay that hashes or compares bodies matches. (U+2028 and U+2029
+// are still sent as \u2028 and \u2029: encoding/json always escapes them.)
+func TestAPIStoredJSONReplaysExactly(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *Server) {
+		c := newTenantClient(t, s)
+		const stored = `{"html":"<b>a & b</b>","esc":"\u00e9\n\u2028","n":1.50}`
+		const metadata = `{"note":"<x>&"}`
+		res := c.do("POST", "/v1/acquire", `{"key":"exact","ttl_seconds":60,"metadata":`+metadata+`}`)
+		require.Equal(t, 201, res.status, res.raw)
+		opID, owner := res.body["operation_id"].(string), res.body["owner_token"].(string)
+		out := c.do("POST", "/v1/operations/"+opID+"/outcome",
+			`{"owner_token":"`+owner+`","status":"succeeded","response":`+stored+`}`)
+		require.Equal(t, 200, out.status, out.raw)
+		for _, r := range []apiResult{out, c.do("GET", "/v1/operations/"+opID, nil), acquire(c, "exact", nil)} {
+			require.Contains(t, r.raw, `"response":`+stored, r.raw)
+			require.Contains(t, r.raw, `"metadata":`+metadata, r.raw)
+		}
 	})
 }

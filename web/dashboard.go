@@ -75,7 +75,7 @@ func (s *Server) renderErrorPage(c *fiber.Ctx, status int, msg string) error {
 	}
 	err := render(c, status, views.ErrorPage(views.ErrorProps{Status: status, Title: title, Message: msg, RequestID: requestID(c)}))
 	if err != nil {
-		s.log.Error("render error page", "request_id", requestID(c), "err", err)
+		s.log.ErrorContext(c.UserContext(), "render error page", "err", err)
 		c.Status(status)
 		return c.SendString(msg)
 	}
@@ -131,7 +131,7 @@ func (s *Server) csrfMiddleware() fiber.Handler {
 		Session:        s.sessions,
 		ContextKey:     csrfTokenKey,
 		ErrorHandler: func(c *fiber.Ctx, err error) error {
-			s.log.Info("dashboard form refused", "request_id", requestID(c), "path", c.Path(), "reason", err)
+			s.log.InfoContext(c.UserContext(), "dashboard form refused", "route", c.Route().Path, "reason", err)
 			return s.renderErrorPage(c, fiber.StatusForbidden,
 				"This form has expired or did not come from this dashboard, so nothing was done. Go back, reload the page and try again.")
 		},
@@ -147,7 +147,7 @@ func (s *Server) loginLimiter() fiber.Handler {
 		KeyGenerator:           func(c *fiber.Ctx) string { return c.IP() },
 		SkipSuccessfulRequests: true,
 		LimitReached: func(c *fiber.Ctx) error {
-			s.log.Warn("dashboard sign-in rate limited", "request_id", requestID(c), "ip", c.IP())
+			s.log.WarnContext(c.UserContext(), "dashboard sign-in rate limited", "ip", c.IP())
 			// The limiter has set Retry-After.
 			return s.renderErrorPage(c, fiber.StatusTooManyRequests,
 				"Too many failed sign-in attempts from your address. Wait a minute, then try again.")
@@ -187,7 +187,7 @@ func (s *Server) sessionOperator(c *fiber.Ctx) (*services.OperatorAccount, error
 			return nil, services.ErrStoreUnavailable
 		}
 		// Undecodable session data: treat as signed out rather than failing forever.
-		s.log.Warn("unreadable dashboard session", "request_id", requestID(c), "err", err)
+		s.log.WarnContext(c.UserContext(), "unreadable dashboard session", "err", err)
 		return nil, nil
 	}
 	id, ok := sess.Get(sessionOperatorID).(int64)

@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/views"
+	"github.com/idemgate/idemgate/web/logging"
 )
 
 // auditTimeLayouts are the accepted spellings of the from and to parameters: what a
@@ -183,9 +184,9 @@ func handleAuditCSV(s *Server) fiber.Handler {
 			id := *op.TenantID
 			tenantID = &id
 		}
-		reqID, log := strings.Clone(requestID(c)), s.log
+		reqID, log := requestID(c), s.log // requestID is a copy already
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-			ctx, cancel := context.WithTimeout(context.Background(), csvExportTimeout)
+			ctx, cancel := context.WithTimeout(logging.ContextWithRequestID(context.Background(), reqID), csvExportTimeout)
 			defer cancel()
 			cw := csv.NewWriter(w)
 			_ = cw.Write(auditCSVHeader)
@@ -204,7 +205,7 @@ func handleAuditCSV(s *Server) fiber.Handler {
 				return nil
 			})
 			if err != nil {
-				log.Error("audit export failed", "request_id", reqID, "rows", n, "err", err)
+				log.ErrorContext(ctx, "audit export failed", "rows", n, "err", err)
 				// The status is long sent; a last full-width row tells a reader the file is
 				// incomplete rather than letting it pass for the whole audit.
 				_ = cw.Write(append([]string{"ERROR: export incomplete, download again"}, make([]string, len(auditCSVHeader)-1)...))

@@ -43,7 +43,7 @@ func handleLogin(s *Server) fiber.Handler {
 		}
 		op, err := s.auth.Login(c.UserContext(), username, password)
 		if errors.Is(err, services.ErrUnauthorized) {
-			s.log.Info("dashboard sign-in refused", "request_id", requestID(c), "ip", c.IP())
+			s.log.InfoContext(c.UserContext(), "dashboard sign-in refused", "ip", c.IP())
 			return fail(fiber.StatusUnauthorized, loginFailed)
 		} else if err != nil {
 			return err
@@ -61,7 +61,7 @@ func handleLogin(s *Server) fiber.Handler {
 		if err := sess.Save(); err != nil {
 			return err
 		}
-		s.log.Info("operator signed in", "request_id", requestID(c), "operator", op.Username, "ip", c.IP())
+		s.log.InfoContext(c.UserContext(), "operator signed in", "operator", op.Username, "ip", c.IP())
 		return c.Redirect(nextOrDefault(next), fiber.StatusSeeOther)
 	}
 }
@@ -77,7 +77,7 @@ func handleLogout(s *Server) fiber.Handler {
 			return err
 		}
 		if op := currentOperator(c); op != nil {
-			s.log.Info("operator signed out", "request_id", requestID(c), "operator", op.Username)
+			s.log.InfoContext(c.UserContext(), "operator signed out", "operator", op.Username)
 		}
 		return c.Redirect("/login", fiber.StatusSeeOther)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/web/logging"
 )
 
 // problem is an RFC 9457 problem details object with idemgate's extension members: `code`
@@ -112,14 +113,19 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 		setSecurityHeaders(c)
 	}
 	rid := requestID(c)
-	if rid == "" {
-		// Errors raised by the HTTP server itself (header too large, chunked body over the limit)
-		// arrive before any middleware ran.
+	ctx := c.UserContext()
+	// Errors raised by the HTTP server itself (headers too large, a body over the limit) arrive
+	// before any middleware ran: no request id, no observe to log the request.
+	refusedEarly := rid == ""
+	if refusedEarly {
 		rid = uuid.NewString()
 		c.Set(fiber.HeaderXRequestID, rid)
+		ctx = logging.ContextWithRequestID(ctx, rid)
+		defer func() { s.logAccess(ctx, c, routeUnmatched, c.Response().StatusCode(), 0) }()
 	}
 	if internal || status >= 500 {
-		s.log.Error("request failed", "request_id", rid, "method", c.Method(), "path", c.Path(), "status", status, "err", err)
+		s.log.ErrorContext(ctx, "request failed", "method", methodLabel(c.Method()), "route", routeLabel(c, status),
+			"status", status, "err", err)
 	}
 	if status == http.StatusServiceUnavailable {
 		c.Set(fiber.HeaderRetryAfter, retryAfterSeconds)
@@ -146,7 +152,7 @@ func isAPIPath(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1
 // before routing, gets problem+json.
 func wantsHTML(c *fiber.Ctx) bool {
 	p := c.Path()
-	if isAPIPath(p) || p == "/readyz" || p == "/healthz" || p == "/metrics" {
+	if isAPIPath(p) || p == "/readyz" || p == "/healthz" || p == "/metrics" || p == "/openapi.json" {
 		return false
 	}
 	return strings.Contains(c.Get(fiber.HeaderAccept), "text/html")

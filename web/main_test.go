@@ -20,7 +20,12 @@ func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
 // logging nowhere.
 func newTestServer(t *testing.T, db *models.DB) *Server {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return newLoggingTestServer(t, db, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// newLoggingTestServer is newTestServer logging to log.
+func newLoggingTestServer(t *testing.T, db *models.DB, log *slog.Logger) *Server {
+	t.Helper()
 	sqlDB, err := db.SQL()
 	if err != nil {
 		t.Fatalf("sql DB: %v", err)
@@ -30,6 +35,7 @@ func newTestServer(t *testing.T, db *models.DB) *Server {
 		Auth:      services.NewAuth(db, log),
 		Log:       log,
 		DB:        sqlDB,
+		Pool:      db.Pool,
 		Sessions:  NewSessionStorage(db),
 	})
 }

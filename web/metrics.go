@@ -1,57 +1,305 @@
 package web
 
 import (
+	"context"
 	"database/sql"
-	"strconv"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/gofiber/fiber/v2/utils"
+	"github.com/idemgate/idemgate/services"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// metrics are the Prometheus series this package records (exposed at GET /metrics).
+// metrics are the Prometheus series this package records (exposed at GET /metrics). It is the
+// services.Observer of the server's Admission and of the reaper (Server.Observer), so every
+// decision is counted where it is taken, whichever route or process loop asked for it.
+//
+// Label cardinality is bounded by construction: results and statuses are the fixed codes of
+// services, routes are the registered patterns (routeLabel), and tenant is the name of a
+// tenant, of which there are few: tenants are created by operators (`apikey create`, the admin
+// page), never by API callers. Keys and operation ids never become labels.
 type metrics struct {
-	acquires *prometheus.CounterVec
-	requests *prometheus.HistogramVec
+	acquires          *prometheus.CounterVec
+	releases          *prometheus.CounterVec
+	outcomes          *prometheus.CounterVec
+	reaperRuns        *prometheus.CounterVec
+	reaperRows        *prometheus.CounterVec
+	reaperLastSuccess prometheus.Gauge
+	requests          *prometheus.HistogramVec
 }
+
+// Reaper actions, the action label of idemgate_reaper_rows_total: one per ReapResult field.
+var reaperActions = []string{"holds_expired", "marked_uncertain", "operations_purged", "attempts_purged",
+	"events_purged", "sessions_purged"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_acquires_total",
-			Help: "Acquire calls answered, by result (admitted, duplicate, conflict).",
+			Help: "Acquire calls logged as attempts, by tenant name and result (admitted, duplicate, conflict).",
+		}, []string{"tenant", "result"}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_releases_total",
+			Help: "Owner-checked releases, by source (api, operator) and result (released, or the refusal: " +
+				"not_owner, effect_confirmed, outcome_uncertain, key_not_held, invalid_transition, not_found).",
+		}, []string{"source", "result"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_outcomes_total",
+			Help: "Outcomes recorded or refused, by source (api, operator), status asked for (succeeded, failed, " +
+				"uncertain) and result (recorded, unchanged, or the refusal: not_owner, invalid_transition, not_found).",
+		}, []string{"source", "status", "result"}),
+		reaperRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_reaper_runs_total",
+			Help: "Reaper passes of this process, by result (ok, error).",
 		}, []string{"result"}),
+		reaperRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_reaper_rows_total",
+			Help: "Rows the reaper changed, by action (holds_expired, marked_uncertain, operations_purged, " +
+				"attempts_purged, events_purged, sessions_purged).",
+		}, []string{"action"}),
+		reaperLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemgate_reaper_last_success_timestamp_seconds",
+			Help: "Unix time of this process's last reaper pass that completed without error (0: none yet).",
+		}),
 		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_http_request_duration_seconds",
 			Help:    "HTTP request latency in seconds, by route pattern, method and status.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"route", "method", "status"}),
 	}
-	reg.MustRegister(m.acquires, m.requests)
+	// Series that exist from the start, so rate() and alerts see 0 rather than nothing.
+	for _, r := range []string{"ok", "error"} {
+		m.reaperRuns.WithLabelValues(r)
+	}
+	for _, a := range reaperActions {
+		m.reaperRows.WithLabelValues(a)
+	}
+	reg.MustRegister(m.acquires, m.releases, m.outcomes, m.reaperRuns, m.reaperRows, m.reaperLastSuccess, m.requests)
 	return m
 }
 
-// registerDBStats exports the connection pool statistics of stats under go_sql_*.
+// AcquireDecided counts an acquire attempt (services.Observer).
+func (m *metrics) AcquireDecided(_ context.Context, tenant, result string) {
+	m.acquires.WithLabelValues(tenant, result).Inc()
+}
+
+// ReleaseDecided counts a release (services.Observer).
+func (m *metrics) ReleaseDecided(_ context.Context, source, result string) {
+	m.releases.WithLabelValues(source, result).Inc()
+}
+
+// OutcomeDecided counts an outcome (services.Observer).
+func (m *metrics) OutcomeDecided(_ context.Context, source, status, result string) {
+	m.outcomes.WithLabelValues(source, status, result).Inc()
+}
+
+// ReaperPassed counts a reaper pass and the rows it changed (services.Observer).
+func (m *metrics) ReaperPassed(_ context.Context, res services.ReapResult, err error) {
+	rows := []int64{res.HoldsExpired, res.MarkedUncertain, res.OperationsPurged, res.AttemptsPurged,
+		res.EventsPurged, res.SessionsPurged}
+	for i, a := range reaperActions {
+		m.reaperRows.WithLabelValues(a).Add(float64(rows[i]))
+	}
+	if err != nil {
+		m.reaperRuns.WithLabelValues("error").Inc()
+		return
+	}
+	m.reaperRuns.WithLabelValues("ok").Inc()
+	m.reaperLastSuccess.SetToCurrentTime()
+}
+
+// routeUnmatched is the route label of requests that matched no route of their own (404, 405),
+// so that scanning random paths cannot create series.
+const routeUnmatched = "unmatched"
+
+// routeLabel is the route pattern of a request answered with status (never the raw path: keys
+// would explode the label set). A request that only middleware matched is labelled with that
+// middleware's registered prefix (/v1 for an API call refused by authentication, /static/ for
+// assets), or routeUnmatched when that is the application-wide middleware, whose pattern "/"
+// would otherwise be confused with the overview page's.
+func routeLabel(c *fiber.Ctx, status int) string {
+	r := c.Route()
+	switch {
+	case len(r.Handlers) == 0:
+		// Fiber's stand-in for a request refused before routing: its Path is the raw path.
+		return routeUnmatched
+	case status == fiber.StatusMethodNotAllowed:
+		return routeUnmatched // no route for this method, by definition
+	case r.Path == "/" && c.Path() != "/":
+		// Only "GET /" has this pattern; anything else here is the global middleware.
+		return routeUnmatched
+	}
+	return r.Path
+}
+
+// methodLabel maps the request method to a constant string: Fiber's method string points into
+// a buffer that is reused after the request, and a label value outlives it.
+func methodLabel(m string) string {
+	switch m {
+	case fiber.MethodGet:
+		return fiber.MethodGet
+	case fiber.MethodHead:
+		return fiber.MethodHead
+	case fiber.MethodPost:
+		return fiber.MethodPost
+	case fiber.MethodPut:
+		return fiber.MethodPut
+	case fiber.MethodPatch:
+		return fiber.MethodPatch
+	case fiber.MethodDelete:
+		return fiber.MethodDelete
+	case fiber.MethodOptions:
+		return fiber.MethodOptions
+	}
+	return "OTHER"
+}
+
+// registerDBStats exports the database/sql pool statistics of stats under go_sql_* (SQLite:
+// there database/sql's pool is the real one).
 func registerDBStats(reg prometheus.Registerer, stats *sql.DB) {
 	reg.MustRegister(collectors.NewDBStatsCollector(stats, "idemgate"))
 }
 
-// observe records request latency by route pattern (never the raw path: keys would explode
-// the label set).
-func (m *metrics) observe() fiber.Handler {
-	return func(c *fiber.Ctx) error {
-		start := time.Now()
-		err := c.Next()
-		status := c.Response().StatusCode()
-		if err != nil {
-			if fe, ok := err.(*fiber.Error); ok {
-				status = fe.Code
-			}
-		}
-		// Fiber reuses the method buffer after the handler; copy it before it outlives the request.
-		m.requests.WithLabelValues(c.Route().Path, utils.CopyString(c.Method()), strconv.Itoa(status)).Observe(time.Since(start).Seconds())
-		return err
+// poolCollector exports pgxpool.Stat of the PostgreSQL pool that every query borrows from
+// (GORM's database/sql handle sits on top of it, so database/sql's own statistics would
+// describe the wrong pool). It is written here rather than taken from
+// github.com/IBM/pgxpoolprometheus because that one's names break Prometheus conventions
+// (counters without _total, durations in nanoseconds). Stat() only reads the pool's counters
+// under its lock: a scrape costs microseconds and never touches the database.
+type poolCollector struct {
+	pool *pgxpool.Pool
+
+	acquired, idle, constructing, total, max                     *prometheus.Desc
+	acquires, acquireSeconds, emptyAcquires, emptyWaitSeconds    *prometheus.Desc
+	canceledAcquires, newConns, lifetimeDestroyed, idleDestroyed *prometheus.Desc
+}
+
+func newPoolCollector(pool *pgxpool.Pool) *poolCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("idemgate_db_pool_"+name, help, nil, nil)
 	}
+	return &poolCollector{
+		pool:              pool,
+		acquired:          d("acquired_connections", "Connections of the PostgreSQL pool in use now."),
+		idle:              d("idle_connections", "Idle connections of the PostgreSQL pool now."),
+		constructing:      d("constructing_connections", "Connections of the PostgreSQL pool being opened now."),
+		total:             d("total_connections", "Connections of the PostgreSQL pool now: acquired + idle + constructing."),
+		max:               d("max_connections", "Largest size of the PostgreSQL pool (IDEMGATE_DB_MAX_CONNS)."),
+		acquires:          d("acquires_total", "Connections acquired from the PostgreSQL pool."),
+		acquireSeconds:    d("acquire_duration_seconds_total", "Time spent acquiring connections from the PostgreSQL pool, in seconds."),
+		emptyAcquires:     d("empty_acquires_total", "Acquires that had to wait for a connection because the PostgreSQL pool was empty."),
+		emptyWaitSeconds:  d("empty_acquire_wait_seconds_total", "Time acquires waited because the PostgreSQL pool was empty, in seconds."),
+		canceledAcquires:  d("canceled_acquires_total", "Acquires from the PostgreSQL pool given up because their context ended."),
+		newConns:          d("new_connections_total", "Connections the PostgreSQL pool opened."),
+		lifetimeDestroyed: d("max_lifetime_destroyed_connections_total", "Connections closed for exceeding their maximum lifetime."),
+		idleDestroyed:     d("max_idle_destroyed_connections_total", "Connections closed for being idle too long (5 minutes)."),
+	}
+}
+
+// Describe sends the descriptions of every series (prometheus.Collector).
+func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{p.acquired, p.idle, p.constructing, p.total, p.max, p.acquires,
+		p.acquireSeconds, p.emptyAcquires, p.emptyWaitSeconds, p.canceledAcquires, p.newConns,
+		p.lifetimeDestroyed, p.idleDestroyed} {
+		ch <- d
+	}
+}
+
+// Collect reads the pool's statistics once and sends them (prometheus.Collector).
+func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	s := p.pool.Stat()
+	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	c := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	g(p.acquired, float64(s.AcquiredConns()))
+	g(p.idle, float64(s.IdleConns()))
+	g(p.constructing, float64(s.ConstructingConns()))
+	g(p.total, float64(s.TotalConns()))
+	g(p.max, float64(s.MaxConns()))
+	c(p.acquires, float64(s.AcquireCount()))
+	c(p.acquireSeconds, s.AcquireDuration().Seconds())
+	c(p.emptyAcquires, float64(s.EmptyAcquireCount()))
+	c(p.emptyWaitSeconds, s.EmptyAcquireWaitTime().Seconds())
+	c(p.canceledAcquires, float64(s.CanceledAcquireCount()))
+	c(p.newConns, float64(s.NewConnsCount()))
+	c(p.lifetimeDestroyed, float64(s.MaxLifetimeDestroyCount()))
+	c(p.idleDestroyed, float64(s.MaxIdleDestroyCount()))
+}
+
+// Bounds of the reconciliation collector's database query.
+const (
+	// reconciliationMaxAge is the longest a count is reused: however often Prometheus (or
+	// several) scrape, the database is asked at most once per this interval per process.
+	reconciliationMaxAge = 5 * time.Second
+	// reconciliationTimeout bounds the query, so a slow database cannot hang a scrape.
+	reconciliationTimeout = 2 * time.Second
+)
+
+// reconciliationCollector exports idemgate_operations_needing_reconciliation per tenant,
+// counted by the database at scrape time (services.Admission.NeedsReconciliationByTenant) and
+// cached for reconciliationMaxAge. When the last query failed the gauge is left out of the
+// scrape (rather than showing stale numbers) and the failure is counted in
+// idemgate_reconciliation_query_errors_total; the rest of the scrape is unaffected.
+type reconciliationCollector struct {
+	query   func(context.Context) ([]services.TenantCount, error)
+	log     *slog.Logger
+	now     func() time.Time
+	maxAge  time.Duration
+	timeout time.Duration
+
+	gauge, errorsDesc *prometheus.Desc
+
+	mu      sync.Mutex // held across a query, so concurrent scrapes share it
+	fetched time.Time
+	counts  []services.TenantCount
+	ok      bool
+	errors  int64
+}
+
+func newReconciliationCollector(query func(context.Context) ([]services.TenantCount, error), log *slog.Logger) *reconciliationCollector {
+	return &reconciliationCollector{
+		query: query, log: log, now: time.Now, maxAge: reconciliationMaxAge, timeout: reconciliationTimeout,
+		gauge: prometheus.NewDesc("idemgate_operations_needing_reconciliation",
+			"Operations in state uncertain (needing reconciliation, SPEC.md §3), by tenant name; counted by the "+
+				"database at most every 5 s.", []string{"tenant"}, nil),
+		errorsDesc: prometheus.NewDesc("idemgate_reconciliation_query_errors_total",
+			"Scrape-time counts of idemgate_operations_needing_reconciliation that failed (database unavailable "+
+				"or slower than 2 s).", nil, nil),
+	}
+}
+
+// Describe sends the descriptions of both series (prometheus.Collector).
+func (r *reconciliationCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- r.gauge
+	ch <- r.errorsDesc
+}
+
+// Collect sends the counts, asking the database first if the cached ones are older than
+// maxAge (prometheus.Collector).
+func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
+	r.mu.Lock()
+	if now := r.now(); r.fetched.IsZero() || now.Sub(r.fetched) >= r.maxAge {
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+		counts, err := r.query(ctx)
+		cancel()
+		// A failure is cached too: a database in trouble is not asked again on every scrape.
+		r.fetched, r.counts, r.ok = now, counts, err == nil
+		if err != nil {
+			r.errors++
+			r.log.Warn("counting operations needing reconciliation for metrics failed", "err", err)
+		}
+	}
+	counts, ok, errs := r.counts, r.ok, r.errors
+	r.mu.Unlock()
+	if ok {
+		for _, c := range counts {
+			ch <- prometheus.MustNewConstMetric(r.gauge, prometheus.GaugeValue, float64(c.Count), c.Tenant)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(r.errorsDesc, prometheus.CounterValue, float64(errs))
 }

@@ -10,9 +10,10 @@ func (s *Server) routes(metricsHandler fiber.Handler) {
 	app.Get("/healthz", s.handleHealthz)
 	app.Get("/readyz", s.handleReadyz)
 	app.Get("/metrics", metricsHandler)
+	app.Get("/openapi.json", handleOpenAPI)
 
 	v1 := app.Group("/v1", identityEncoding, apiAuth(s.auth, s.authFails))
-	v1.Post("/acquire", handleAcquire(s.adm, s.metrics))
+	v1.Post("/acquire", handleAcquire(s.adm))
 	v1.Post("/release", handleRelease(s.adm))
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
 	v1.Get("/operations/:id", handleGetOperation(s.adm))

@@ -28,6 +28,7 @@ func TestSecurityHeadersOnEveryResponse(t *testing.T) {
 			{"healthz", func() apiResult { return anon.do("GET", "/healthz", nil) }, 200, false},
 			{"readyz", func() apiResult { return anon.do("GET", "/readyz", nil) }, 200, false},
 			{"metrics", func() apiResult { return anon.do("GET", "/metrics", nil) }, 200, false},
+			{"openapi", func() apiResult { return anon.do("GET", "/openapi.json", nil) }, 200, false},
 			{"acquire admitted", func() apiResult { return acquire(c, "headers-key", nil) }, 201, false},
 			{"acquire invalid", func() apiResult { return c.do("POST", "/v1/acquire", `{"key":""}`) }, 400, false},
 			{"keys unauthenticated", func() apiResult { return anon.do("GET", "/v1/keys", nil) }, 401, false},

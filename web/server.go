@@ -10,21 +10,29 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
-	"github.com/gofiber/fiber/v2/middleware/requestid"
 	"github.com/gofiber/fiber/v2/middleware/session"
 	"github.com/idemgate/idemgate/services"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Config is what the HTTP layer needs. All fields but SecureCookies are required.
+// Config is what the HTTP layer needs. All fields but Pool and SecureCookies are required.
 type Config struct {
+	// Admission serves the API and dashboard. New uses a copy that reports its decisions to
+	// the server's metrics (services.Admission.WithObserver); cfg.Admission is not changed.
 	Admission *services.Admission
 	Auth      *services.Auth
-	Log       *slog.Logger
-	// DB is pinged by /readyz and exported as pool metrics.
+	// Log is where requests are logged: one access line each, and errors. Wrap its handler
+	// with logging.NewHandler so every line logged during a request carries its request_id.
+	Log *slog.Logger
+	// DB is pinged by /readyz. On SQLite (Pool nil) its pool statistics are exported as
+	// go_sql_*.
 	DB *sql.DB
+	// Pool is the PostgreSQL connection pool under DB (models.DB.Pool), nil on SQLite. Its
+	// statistics are exported as idemgate_db_pool_*.
+	Pool *pgxpool.Pool
 	// Sessions stores dashboard sessions; use NewSessionStorage for the database-backed one, so
 	// any instance serves any operator and restarts log nobody out (SPEC.md §5).
 	Sessions fiber.Storage
@@ -48,13 +56,14 @@ type Server struct {
 
 // New builds the Fiber application with every route of routes.go.
 func New(cfg Config) *Server {
-	s := &Server{log: cfg.Log, adm: cfg.Admission, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
+	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
 		authFails: newAuthFailureLimiter(cfg.Log)}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "idemgate",
 		DisableStartupMessage: true,
 		BodyLimit:             services.MaxBodyBytes,
 		ErrorHandler:          s.errorHandler,
+		JSONEncoder:           encodeJSON,
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          30 * time.Second,
 		IdleTimeout:           120 * time.Second,
@@ -62,9 +71,13 @@ func New(cfg Config) *Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg)
-	if cfg.DB != nil {
+	if cfg.Pool != nil {
+		reg.MustRegister(newPoolCollector(cfg.Pool))
+	} else if cfg.DB != nil {
 		registerDBStats(reg, cfg.DB)
 	}
+	s.adm = cfg.Admission.WithObserver(s.metrics)
+	reg.MustRegister(newReconciliationCollector(s.adm.NeedsReconciliationByTenant, s.log))
 	s.sessions = session.New(session.Config{
 		Storage:        cfg.Sessions,
 		Expiration:     12 * time.Hour,
@@ -75,13 +88,20 @@ func New(cfg Config) *Server {
 		CookiePath:     "/",
 	})
 
+	// Order matters: the request id first, so that everything after it (and every log line)
+	// has it; then observe, which turns errors into responses and so sees every final status;
+	// recover innermost, so a panic becomes an error that observe answers and logs.
 	s.app.Use(securityHeaders)
-	s.app.Use(recover.New())
-	s.app.Use(requestid.New())
-	s.app.Use(s.metrics.observe())
+	s.app.Use(assignRequestID)
+	s.app.Use(s.observe)
+	s.app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
 	s.routes(adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	return s
 }
+
+// Observer returns the server's metrics as a services.Observer, for the reaper that runs
+// beside it (services.Reaper.WithObserver): its passes then show in the server's /metrics.
+func (s *Server) Observer() services.Observer { return s.metrics }
 
 // App returns the Fiber application (for tests and for Listen).
 func (s *Server) App() *fiber.App { return s.app }

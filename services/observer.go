@@ -1,0 +1,139 @@
+package services
+
+import (
+	"context"
+	"errors"
+
+	"github.com/idemgate/idemgate/models"
+)
+
+// Observer is told about the decisions this package makes, so that an adapter can count them
+// (web/ implements it with Prometheus counters; services never imports Prometheus). Every
+// method is called after the decision's transaction has ended, never inside it, at most once
+// per call of the service method. Implementations must be safe for concurrent use and fast:
+// they run on the request path. Every string argument is a constant of this package or of
+// models, or read from the database (tenant names): never a caller's string, so it is safe to
+// keep.
+//
+// Only decisions are reported: a call refused before one was taken (invalid input, an
+// auditor's action, the database unavailable, an unexpected error) is not, so each counter
+// means what SPEC.md §3–4 means by it. Such failures are visible in the HTTP layer's metrics by
+// status.
+type Observer interface {
+	// AcquireDecided reports one acquire that was logged as an attempt (SPEC.md §2): result is
+	// admitted (including an attempt_id retry answered 201 again), duplicate or conflict.
+	// tenant is the tenant's name ("" when the caller's Principal has none).
+	AcquireDecided(ctx context.Context, tenant, result string)
+	// ReleaseDecided reports one owner-checked release (SPEC.md §4, §5): source is SourceAPI
+	// or SourceOperator; result is ResultReleased, ResultUnchanged (a release repeated with the
+	// owner token of an operation already released) or the code of the refusal (not_owner,
+	// effect_confirmed, outcome_uncertain, key_not_held, invalid_transition, not_found).
+	ReleaseDecided(ctx context.Context, source, result string)
+	// OutcomeDecided reports one outcome recorded or refused (SPEC.md §3–4): source is
+	// SourceAPI or SourceOperator; status is the outcome asked for (succeeded, failed,
+	// uncertain; "invalid" when a refusal came before the status was checked and it was none
+	// of these); result is ResultRecorded, ResultUnchanged (the same outcome again) or the
+	// code of the refusal (not_owner, invalid_transition, not_found).
+	OutcomeDecided(ctx context.Context, source, status, result string)
+	// ReaperPassed reports one reaper pass: what it changed, and its error (nil on success;
+	// work done before an error stays done and is counted in res). Passes cut short because
+	// ctx ended (shutdown) are not reported.
+	ReaperPassed(ctx context.Context, res ReapResult, err error)
+}
+
+// Sources of releases and outcomes, for Observer.
+const (
+	SourceAPI      = "api"      // the JSON API, checked by owner token
+	SourceOperator = "operator" // the dashboard, by a signed-in operator
+)
+
+// Results of releases and outcomes for Observer, besides refusal codes.
+const (
+	ResultReleased  = "released"  // the hold was released
+	ResultRecorded  = "recorded"  // the outcome changed the operation
+	ResultUnchanged = "unchanged" // the same outcome or release again: succeeded and changed nothing
+)
+
+// nopObserver is the Observer of services built without one.
+type nopObserver struct{}
+
+func (nopObserver) AcquireDecided(context.Context, string, string)         {}
+func (nopObserver) ReleaseDecided(context.Context, string, string)         {}
+func (nopObserver) OutcomeDecided(context.Context, string, string, string) {}
+func (nopObserver) ReaperPassed(context.Context, ReapResult, error)        {}
+
+// WithObserver returns a copy of a that reports its decisions to o (nil: to nobody). a itself
+// is not changed, so it is safe to call while a is in use.
+func (a *Admission) WithObserver(o Observer) *Admission {
+	c := *a
+	c.obs = orNop(o)
+	return &c
+}
+
+// WithObserver returns a copy of r that reports its passes to o (nil: to nobody).
+func (r *Reaper) WithObserver(o Observer) *Reaper {
+	c := *r
+	c.obs = orNop(o)
+	return &c
+}
+
+func orNop(o Observer) Observer {
+	if o == nil {
+		return nopObserver{}
+	}
+	return o
+}
+
+// refusalCode returns the code of err when it is a decision of the state machine rather than a
+// failure to reach one (see Observer), and whether it is.
+func refusalCode(err error) (string, bool) {
+	var de *Error
+	if !errors.As(err, &de) {
+		return "", false
+	}
+	switch de.Code {
+	case CodeNotOwner, CodeEffectConfirmed, CodeOutcomeUncertain, CodeKeyNotHeld, CodeInvalidTransition,
+		CodeNotFound, CodeFingerprintMismatch:
+		return de.Code, true
+	}
+	return "", false
+}
+
+// observeRelease reports a release call that ended with err; repeat says it answered a
+// release already done (ResultUnchanged).
+func observeRelease(ctx context.Context, o Observer, source string, repeat bool, err error) {
+	if err == nil && repeat {
+		o.ReleaseDecided(ctx, source, ResultUnchanged)
+	} else if err == nil {
+		o.ReleaseDecided(ctx, source, ResultReleased)
+	} else if code, ok := refusalCode(err); ok {
+		o.ReleaseDecided(ctx, source, code)
+	}
+}
+
+// observeOutcome reports an outcome call that ended with err; changed says whether a
+// successful one changed the operation.
+func observeOutcome(ctx context.Context, o Observer, source, status string, changed bool, err error) {
+	// The constants, never the caller's string: it may point into a request buffer that is
+	// reused after the request, and label values outlive it. Bounded whatever was sent.
+	switch status {
+	case models.StateSucceeded:
+		status = models.StateSucceeded
+	case models.StateFailed:
+		status = models.StateFailed
+	case models.StateUncertain:
+		status = models.StateUncertain
+	default:
+		status = "invalid"
+	}
+	switch {
+	case err == nil && changed:
+		o.OutcomeDecided(ctx, source, status, ResultRecorded)
+	case err == nil:
+		o.OutcomeDecided(ctx, source, status, ResultUnchanged)
+	default:
+		if code, ok := refusalCode(err); ok {
+			o.OutcomeDecided(ctx, source, status, code)
+		}
+	}
+}
