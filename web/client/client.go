@@ -1,0 +1,408 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// DefaultTimeout bounds a whole call, retries included, unless WithTimeout says otherwise.
+const DefaultTimeout = 30 * time.Second
+
+// maxAnswerBytes bounds an answer body the client reads: an operation with 1000 attempts and
+// events and a 64 KiB stored response is far smaller.
+const maxAnswerBytes = 16 << 20
+
+// Client calls idemgate's JSON API (SPEC.md §4). It is safe for concurrent use; create one per
+// API key and share it.
+type Client struct {
+	base      string // scheme://host[:port][/path], no trailing slash
+	apiKey    string
+	hc        *http.Client
+	timeout   time.Duration
+	retry     RetryPolicy
+	notify    func(RetryEvent)
+	userAgent string
+	now       func() time.Time
+}
+
+// Option configures a Client in New.
+type Option func(*Client)
+
+// WithHTTPClient sets the *http.Client that sends requests (its Transport, proxies, TLS and
+// connection pool). Default: a client with http.DefaultTransport and no timeout of its own
+// (the per-call and per-try timeouts apply).
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) {
+		if hc != nil {
+			c.hc = hc
+		}
+	}
+}
+
+// WithTimeout bounds every call, all its tries and waits included (default 30 s; 0 means
+// no bound beyond the caller's context). RetryPolicy.TryTimeout bounds each try.
+func WithTimeout(d time.Duration) Option {
+	return func(c *Client) { c.timeout = max(d, 0) }
+}
+
+// WithRetry sets the retry policy; zero fields take their defaults, and
+// RetryPolicy{MaxAttempts: 1} disables retries.
+func WithRetry(p RetryPolicy) Option {
+	return func(c *Client) { c.retry = p.withDefaults() }
+}
+
+// WithRetryNotify calls fn before each retry wait, e.g. to log or count retries. fn runs on
+// the calling goroutine and must not block.
+func WithRetryNotify(fn func(RetryEvent)) Option {
+	return func(c *Client) { c.notify = fn }
+}
+
+// WithUserAgent sets the User-Agent header (default "idemgate-go-client").
+func WithUserAgent(ua string) Option {
+	return func(c *Client) { c.userAgent = ua }
+}
+
+// New returns a client of the idemgate server at baseURL (e.g. "http://127.0.0.1:8080"; a
+// path prefix is kept, for a server behind a reverse proxy) that authenticates with apiKey,
+// the tenant's API key (SPEC.md §4: the key decides the tenant). It returns an error for a
+// baseURL that is not an absolute http or https URL, or an empty apiKey.
+func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("idemgate client: base URL: %w", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("idemgate client: base URL %q must be http(s)://host[:port][/path]", baseURL)
+	}
+	if strings.TrimSpace(apiKey) == "" {
+		return nil, errors.New("idemgate client: the API key is empty")
+	}
+	c := &Client{
+		base:      strings.TrimSuffix(u.String(), "/"),
+		apiKey:    apiKey,
+		hc:        &http.Client{},
+		timeout:   DefaultTimeout,
+		retry:     RetryPolicy{}.withDefaults(),
+		userAgent: "idemgate-go-client",
+		now:       time.Now,
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// Acquire asks whether this attempt may run the operation keyed req.Key (SPEC.md §4
+// "POST /v1/acquire"). The result has Admitted set (201: run it, then RecordOutcome or
+// Release with the owner token) or Duplicate set (200: an earlier attempt holds the key;
+// return or reconcile its outcome instead of running again).
+//
+// Retries are safe: every try carries the same attempt_id (req.AttemptID, or a random UUID
+// the client generates and reports in AcquireResult.AttemptID), so a try whose 201 was lost
+// is answered 201 again for the same operation and fencing token, with a fresh owner token;
+// a lost response is never a lost admission.
+//
+// Errors (*Problem, match with errors.Is): ErrFingerprintMismatch (422: the key is held by a
+// request with another fingerprint or operation name), ErrInvalidRequest (with Errors),
+// ErrPayloadTooLarge, ErrUnauthorized, ErrRateLimited and ErrStoreUnavailable (after
+// retries); otherwise a network error or the context's error.
+func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResult, error) {
+	if req.TTL%time.Second != 0 {
+		return nil, invalidArgument("ttl_seconds", "TTL must be a whole number of seconds")
+	}
+	body := acquireBody{Key: req.Key, TTLSeconds: int64(req.TTL / time.Second), Operation: req.Operation,
+		Fingerprint: req.Fingerprint, CorrelationID: req.CorrelationID, AttemptID: req.AttemptID}
+	if body.AttemptID == "" {
+		body.AttemptID = uuid.NewString()
+	}
+	if req.Metadata != nil {
+		m, err := json.Marshal(req.Metadata)
+		if err != nil {
+			return nil, invalidArgument("metadata", "cannot be marshalled to JSON: "+err.Error())
+		}
+		if string(m) != "null" {
+			body.Metadata = m
+		}
+	}
+	var ans acquireAnswer
+	status, err := c.do(ctx, http.MethodPost, "/v1/acquire", nil, body, &ans, http.StatusOK, http.StatusCreated)
+	if err != nil {
+		return nil, err
+	}
+	res := &AcquireResult{Key: ans.Key, AttemptID: body.AttemptID}
+	switch {
+	case status == http.StatusCreated && ans.Admitted:
+		adm := ans.Admission
+		res.Admitted = &adm
+	case status == http.StatusOK && !ans.Admitted && ans.Operation != nil:
+		ans.Operation.normalize()
+		res.Duplicate = ans.Operation
+	default:
+		return nil, wrapf(http.MethodPost, "/v1/acquire", fmt.Errorf("unexpected answer: status %d, admitted %t", status, ans.Admitted))
+	}
+	return res, nil
+}
+
+// Release releases the key's hold, owner-checked (SPEC.md §4 "POST /v1/release"): the
+// operation becomes released and the key may be admitted again. It returns the released
+// operation.
+//
+// Errors (*Problem): ErrNotOwner (409: the token does not own the current hold, including a
+// hold another attempt acquired since), ErrEffectConfirmed (the operation succeeded),
+// ErrOutcomeUncertain (reconcile first), ErrKeyNotHeld (404: no live hold, e.g. it expired),
+// ErrInvalidRequest, ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable. None of the
+// refusals change anything.
+//
+// Retrying is safe: the release is a compare-and-delete on the owner's hold, so it cannot act
+// twice, and the server answers a release repeated with the owner token of an operation
+// already released with that operation again (200), so a retry after a lost answer reports
+// the success it caused.
+func (c *Client) Release(ctx context.Context, req ReleaseRequest) (*Operation, error) {
+	var ans releaseAnswer
+	if _, err := c.do(ctx, http.MethodPost, "/v1/release", nil,
+		releaseBody(req), &ans, http.StatusOK); err != nil {
+		return nil, err
+	}
+	ans.Operation.normalize()
+	return &ans.Operation, nil
+}
+
+// RecordOutcome records the outcome of operation operationID, owner-checked, per the state
+// machine of SPEC.md §3 (SPEC.md §4 "POST /v1/operations/{id}/outcome"). It works after the
+// hold expired. Recording the same outcome again (equal status, receipt and response)
+// succeeds and changes nothing, so retries are safe. It returns the updated operation.
+//
+// Errors (*Problem): ErrNotOwner (403, checked first), ErrNotFound (404), ErrInvalidTransition
+// (409, including a different outcome after a terminal one), ErrPayloadTooLarge (413: the
+// response is over 64 KiB; nothing changes), ErrInvalidRequest, ErrUnauthorized,
+// ErrRateLimited, ErrStoreUnavailable.
+func (c *Client) RecordOutcome(ctx context.Context, operationID string, req OutcomeRequest) (*Operation, error) {
+	if operationID == "" {
+		return nil, invalidArgument("operation_id", "must not be empty")
+	}
+	body := outcomeBody{OwnerToken: req.OwnerToken, Status: req.Status, Receipt: req.Receipt, Note: req.Note,
+		Release: req.Release}
+	if req.Response != nil {
+		r, err := json.Marshal(req.Response)
+		if err != nil {
+			return nil, invalidArgument("response", "cannot be marshalled to JSON: "+err.Error())
+		}
+		if string(r) != "null" {
+			body.Response = r
+		}
+	}
+	var op Operation
+	if _, err := c.do(ctx, http.MethodPost, "/v1/operations/"+url.PathEscape(operationID)+"/outcome", nil, body,
+		&op, http.StatusOK); err != nil {
+		return nil, err
+	}
+	op.normalize()
+	return &op, nil
+}
+
+// GetKey returns key and its newest operation (SPEC.md §4 "GET /v1/keys/{key}"); the key is
+// percent-encoded, so "/", ":" and non-ASCII keys round-trip. Errors: ErrNotFound (never
+// acquired in this tenant), ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
+func (c *Client) GetKey(ctx context.Context, key string) (*KeyView, error) {
+	if key == "" {
+		return nil, invalidArgument("key", "must not be empty")
+	}
+	var kv KeyView
+	if _, err := c.do(ctx, http.MethodGet, "/v1/keys/"+url.PathEscape(key), nil, nil, &kv, http.StatusOK); err != nil {
+		return nil, err
+	}
+	kv.Operation.normalize()
+	return &kv, nil
+}
+
+// GetOperation returns operation id with its attempts and events (SPEC.md §4
+// "GET /v1/operations/{id}"). Errors: ErrNotFound (unknown id or another tenant's),
+// ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
+func (c *Client) GetOperation(ctx context.Context, id string) (*OperationDetail, error) {
+	if id == "" {
+		return nil, invalidArgument("id", "must not be empty")
+	}
+	var d OperationDetail
+	if _, err := c.do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id), nil, nil, &d, http.StatusOK); err != nil {
+		return nil, err
+	}
+	d.Operation.normalize()
+	return &d, nil
+}
+
+// ListKeys returns one page of the tenant's keys, newest first, with their newest operation
+// (SPEC.md §4 "GET /v1/keys"); pass KeyPage.NextCursor as opts.Cursor for the next page.
+// Errors: ErrInvalidRequest (a bad limit, state or cursor), ErrUnauthorized, ErrRateLimited,
+// ErrStoreUnavailable.
+func (c *Client) ListKeys(ctx context.Context, opts ListKeysOptions) (*KeyPage, error) {
+	q := url.Values{}
+	setQuery(q, "state", opts.State)
+	setQuery(q, "operation", opts.Operation)
+	setQuery(q, "prefix", opts.Prefix)
+	setQuery(q, "cursor", opts.Cursor)
+	if opts.Limit != 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	var page KeyPage
+	if _, err := c.do(ctx, http.MethodGet, "/v1/keys", q, nil, &page, http.StatusOK); err != nil {
+		return nil, err
+	}
+	for i := range page.Items {
+		page.Items[i].Operation.normalize()
+	}
+	return &page, nil
+}
+
+// ListAttempts returns one page of the tenant's attempt log, newest first (SPEC.md §4
+// "GET /v1/attempts"); pass AttemptPage.NextCursor as opts.Cursor for the next page. Errors:
+// ErrInvalidRequest, ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
+func (c *Client) ListAttempts(ctx context.Context, opts ListAttemptsOptions) (*AttemptPage, error) {
+	q := url.Values{}
+	setQuery(q, "key", opts.Key)
+	setQuery(q, "result", opts.Result)
+	setQuery(q, "cursor", opts.Cursor)
+	if !opts.Since.IsZero() {
+		q.Set("since", opts.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if opts.Limit != 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	var page AttemptPage
+	if _, err := c.do(ctx, http.MethodGet, "/v1/attempts", q, nil, &page, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &page, nil
+}
+
+func setQuery(q url.Values, name, v string) {
+	if v != "" {
+		q.Set(name, v)
+	}
+}
+
+// do sends one call with retries (RetryPolicy) and decodes a successful answer into out. It
+// returns the answer's status. path is already escaped.
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, body, out any, ok ...int) (int, error) {
+	var payload []byte
+	if body != nil {
+		var err error
+		if payload, err = json.Marshal(body); err != nil {
+			return 0, wrapf(method, path, err)
+		}
+	}
+	target := c.base + path
+	if len(q) > 0 {
+		target += "?" + q.Encode()
+	}
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	schedule := c.retry.backoff()
+	var timer *time.Timer
+	for try := 1; ; try++ {
+		if err := ctx.Err(); err != nil {
+			return 0, wrapf(method, path, err)
+		}
+		status, err := c.try(ctx, method, target, payload, out, ok)
+		if err == nil {
+			return status, nil
+		}
+		var p *Problem
+		if errors.As(err, &p) {
+			p.Attempts = try
+		}
+		if try >= c.retry.MaxAttempts || !retryable(ctx, err) {
+			return status, c.final(method, path, err)
+		}
+		delay := schedule.NextBackOff()
+		if p != nil && p.RetryAfter > delay {
+			delay = p.RetryAfter
+		}
+		if dl, has := ctx.Deadline(); has && time.Until(dl) <= delay {
+			// Waiting would outlast the call: the caller learns now what went wrong.
+			return status, c.final(method, path, err)
+		}
+		if c.notify != nil {
+			c.notify(RetryEvent{Method: method, Path: path, Try: try, Err: err, Delay: delay})
+		}
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return status, wrapf(method, path, fmt.Errorf("%w (while waiting to retry after: %w)", ctx.Err(), err))
+		}
+	}
+}
+
+// final returns the error a call ends with: a *Problem as it is, anything else wrapped with
+// the call.
+func (c *Client) final(method, path string, err error) error {
+	var p *Problem
+	if errors.As(err, &p) {
+		return p
+	}
+	return wrapf(method, path, err)
+}
+
+// try sends one request. It returns a *Problem for a non-2xx answer, a *transportError when
+// no complete answer arrived, or another error for an answer it cannot use.
+func (c *Client) try(ctx context.Context, method, target string, payload []byte, out any, ok []int) (int, error) {
+	if c.retry.TryTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.retry.TryTimeout)
+		defer cancel()
+	}
+	var rd io.Reader
+	if payload != nil {
+		rd = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	req.Header.Set("Accept", "application/json, application/problem+json")
+	req.Header.Set("User-Agent", c.userAgent)
+	if payload != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, &transportError{err}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	if err != nil {
+		return resp.StatusCode, &transportError{err}
+	}
+	if len(data) > maxAnswerBytes {
+		return resp.StatusCode, fmt.Errorf("answer over %d bytes", maxAnswerBytes)
+	}
+	for _, s := range ok {
+		if resp.StatusCode == s {
+			if err := json.Unmarshal(data, out); err != nil {
+				return resp.StatusCode, fmt.Errorf("decode %d answer: %w", resp.StatusCode, err)
+			}
+			return resp.StatusCode, nil
+		}
+	}
+	return resp.StatusCode, decodeProblem(resp.StatusCode, resp.Header, data, c.now())
+}

@@ -1,0 +1,123 @@
+package client
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+)
+
+var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func TestDecodeProblem(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/problem+json"}, "Retry-After": {"2"}, "X-Request-Id": {"rid-header"}}
+	body := `{"type":"about:blank","title":"Bad Request","status":400,"detail":"The request has invalid fields.",
+	  "code":"invalid_request","errors":[{"field":"ttl_seconds","message":"must be an integer"}],"request_id":"rid-1"}`
+	p := decodeProblem(400, h, []byte(body), now)
+	require.Equal(t, &Problem{Type: "about:blank", Title: "Bad Request", Status: 400,
+		Detail: "The request has invalid fields.", Code: CodeInvalidRequest,
+		Errors: []FieldError{{Field: "ttl_seconds", Message: "must be an integer"}}, RequestID: "rid-1",
+		RetryAfter: 2 * time.Second}, p)
+	require.True(t, errors.Is(p, ErrInvalidRequest))
+	require.False(t, errors.Is(p, ErrNotFound))
+	require.Equal(t, "idemgate: 400 invalid_request: The request has invalid fields. [ttl_seconds must be an integer] (request rid-1)", p.Error())
+
+	// The status line wins over the body's status member; headers fill what the body lacks.
+	p = decodeProblem(503, h, []byte(`{"status":200,"code":"store_unavailable"}`), now)
+	require.Equal(t, 503, p.Status)
+	require.Equal(t, "Service Unavailable", p.Title)
+	require.Equal(t, "rid-header", p.RequestID)
+	require.True(t, p.Temporary())
+	require.ErrorIs(t, p, ErrStoreUnavailable)
+
+	// A proxy's HTML page is a Problem without a code.
+	p = decodeProblem(502, http.Header{"Content-Type": {"text/html"}}, []byte("<html>\n<h1>502 Bad Gateway</h1></html>"), now)
+	require.Empty(t, p.Code)
+	require.Equal(t, "<html> <h1>502 Bad Gateway</h1></html>", p.Detail)
+	require.True(t, p.Temporary())
+	for _, s := range []*Problem{ErrInvalidRequest, ErrUnauthorized, ErrNotOwner, ErrFingerprintMismatch,
+		ErrEffectConfirmed, ErrOutcomeUncertain, ErrInvalidTransition, ErrKeyNotHeld, ErrNotFound,
+		ErrPayloadTooLarge, ErrStoreUnavailable, ErrRateLimited, ErrInternal} {
+		require.NotErrorIs(t, p, s)
+	}
+
+	// Every stable code has its sentinel.
+	for code, s := range map[string]*Problem{CodeInvalidRequest: ErrInvalidRequest, CodeUnauthorized: ErrUnauthorized,
+		CodeNotOwner: ErrNotOwner, CodeFingerprintMismatch: ErrFingerprintMismatch, CodeEffectConfirmed: ErrEffectConfirmed,
+		CodeOutcomeUncertain: ErrOutcomeUncertain, CodeInvalidTransition: ErrInvalidTransition, CodeKeyNotHeld: ErrKeyNotHeld,
+		CodeNotFound: ErrNotFound, CodePayloadTooLarge: ErrPayloadTooLarge, CodeStoreUnavailable: ErrStoreUnavailable,
+		CodeRateLimited: ErrRateLimited, CodeInternal: ErrInternal} {
+		b, _ := json.Marshal(map[string]string{"code": code})
+		got := decodeProblem(409, http.Header{"Content-Type": {"application/problem+json"}}, b, now)
+		require.ErrorIs(t, got, s, code)
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	for v, want := range map[string]time.Duration{
+		"":                              0,
+		"0":                             0,
+		"2":                             2 * time.Second,
+		" 120 ":                         2 * time.Minute,
+		"-1":                            0,
+		"1.5":                           0,
+		"99999999999999999999999":       maxRetryAfter,
+		"Sun, 29 Nov 2026 12:00:30 GMT": 30 * time.Second,
+		"Sun, 29 Nov 2026 11:00:00 GMT": 0,
+		"tomorrow":                      0,
+	} {
+		require.Equal(t, want, parseRetryAfter(v, now), "%q", v)
+	}
+}
+
+func TestBackoffIsFullJitter(t *testing.T) {
+	p := RetryPolicy{BaseDelay: 100 * time.Millisecond, MaxDelay: 400 * time.Millisecond}.withDefaults()
+	for range 200 {
+		b := p.backoff()
+		for n, limit := range []time.Duration{100, 200, 400, 400, 400} {
+			d := b.NextBackOff()
+			require.GreaterOrEqual(t, d, time.Duration(0))
+			require.LessOrEqual(t, d, limit*time.Millisecond, "try %d", n+1)
+		}
+	}
+}
+
+// FuzzDecodeProblem: any answer decodes without panicking into a Problem that keeps the
+// status line, matches sentinels only by its code, and has a log-safe Detail.
+func FuzzDecodeProblem(f *testing.F) {
+	f.Add(400, "application/problem+json", `{"code":"invalid_request","errors":[{"field":"key","message":"x"}]}`, "2")
+	f.Add(502, "text/html", "<h1>bad gateway</h1>", "")
+	f.Add(503, "application/json", `{"code":"store_unavailable","status":"x"}`, "Sun, 29 Nov 2026 12:00:30 GMT")
+	f.Add(429, "", "\xff\xfe", "99999999999999999999")
+	f.Fuzz(func(t *testing.T, status int, ctype, body, retryAfter string) {
+		h := http.Header{"Content-Type": {ctype}, "Retry-After": {retryAfter}}
+		p := decodeProblem(status, h, []byte(body), now)
+		require.Equal(t, status, p.Status)
+		require.GreaterOrEqual(t, p.RetryAfter, time.Duration(0))
+		require.LessOrEqual(t, p.RetryAfter, maxRetryAfter)
+		require.True(t, utf8.ValidString(p.Detail) || p.Code != "" || strings.Contains(ctype, "json"))
+		if p.Code == "" {
+			require.NotErrorIs(t, p, ErrInvalidRequest)
+		} else {
+			require.ErrorIs(t, p, &Problem{Code: p.Code})
+		}
+		_ = p.Error()
+	})
+}
+
+// FuzzParseRetryAfter: never negative, never over the cap, never a panic.
+func FuzzParseRetryAfter(f *testing.F) {
+	for _, s := range []string{"", "1", "0", "Sun, 29 Nov 2026 12:00:30 GMT", "Sunday, 29-Nov-26 12:00:30 GMT", "1e3", "٣"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		d := parseRetryAfter(v, now)
+		require.GreaterOrEqual(t, d, time.Duration(0))
+		require.LessOrEqual(t, d, maxRetryAfter)
+	})
+}

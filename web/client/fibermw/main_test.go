@@ -1,0 +1,136 @@
+package fibermw_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/idemgate/idemgate/web/client"
+	"github.com/idemgate/idemgate/web/client/internal/servertest"
+	"github.com/stretchr/testify/require"
+)
+
+// dbs is the package's real databases; every test runs a real idemgate server over them.
+var dbs *modeltest.Set
+
+func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
+
+// eachDB runs fn in a parallel subtest per dialect, each with its own idemgate server.
+func eachDB(t *testing.T, fn func(t *testing.T, srv *servertest.Server)) {
+	t.Helper()
+	for _, db := range dbs.All() {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			t.Parallel()
+			fn(t, servertest.Start(t, db))
+		})
+	}
+}
+
+func newClient(t *testing.T, srv *servertest.Server, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(srv.URL, srv.APIKey, append([]client.Option{client.WithHTTPClient(ownTransport(t))}, opts...)...)
+	require.NoError(t, err)
+	return c
+}
+
+// ownTransport returns an HTTP client with its own connection pool, whose idle connections
+// are closed when the test ends, before the servers shut down (which otherwise wait for
+// them).
+func ownTransport(t *testing.T) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+func testCtx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// serve runs app on a real TCP port of 127.0.0.1 until the test ends and returns its base URL.
+func serve(t *testing.T, app *fiber.App) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = app.Listener(ln)
+	}()
+	t.Cleanup(func() {
+		testHTTP.CloseIdleConnections()
+		_ = app.ShutdownWithTimeout(10 * time.Second)
+		<-done
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// newApp is a service with Fiber's recover middleware in front, as a real one has.
+func newApp() *fiber.App {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(recover.New())
+	return app
+}
+
+// testHTTP sends the tests' requests to the Fiber services; serve closes its idle connections
+// before shutting a service down.
+var testHTTP = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+
+// answer is one HTTP answer as a client saw it.
+type answer struct {
+	Status  int
+	Body    string
+	Header  http.Header
+	Problem struct {
+		Code           string `json:"code"`
+		OriginalStatus int    `json:"original_status"`
+		Errors         []struct {
+			Field, Message string
+		} `json:"errors"`
+	}
+}
+
+func (a answer) replayed() bool { return a.Header.Get("Idempotent-Replayed") == "true" }
+
+// send posts body to url with the given headers (an "Idempotency-Key" among them, usually).
+func send(t *testing.T, ctx context.Context, method, url, body string, headers ...string) answer {
+	t.Helper()
+	a, err := trySend(ctx, method, url, body, headers...)
+	require.NoError(t, err)
+	return a
+}
+
+func trySend(ctx context.Context, method, url, body string, headers ...string) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := testHTTP.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, err
+	}
+	a := answer{Status: resp.StatusCode, Body: string(b), Header: resp.Header}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+		_ = json.Unmarshal(b, &a.Problem)
+	}
+	return a, nil
+}

@@ -1,0 +1,420 @@
+package fibermw
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
+	"github.com/idemgate/idemgate/web/client"
+)
+
+// HeaderIdempotencyKey is the request header of the IETF draft; HeaderReplayed marks a
+// replayed response.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotent-Replayed"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultTTL          = 24 * time.Hour
+	DefaultRetryAfter   = time.Second
+	DefaultWriteTimeout = 10 * time.Second
+)
+
+// DefaultReplayHeaders are the response headers stored and replayed by default: those that
+// describe the body or the created resource. Set-Cookie and anything per-request (Date,
+// X-Request-ID) are left out on purpose.
+var DefaultReplayHeaders = []string{
+	fiber.HeaderContentType, fiber.HeaderContentEncoding, fiber.HeaderContentLanguage,
+	fiber.HeaderContentLocation, fiber.HeaderLocation, fiber.HeaderETag, fiber.HeaderLastModified,
+	fiber.HeaderCacheControl, fiber.HeaderLink, fiber.HeaderVary,
+}
+
+// Config configures New. Only Client is required.
+type Config struct {
+	// Client is the idemgate client; its API key decides the idemgate tenant. Required.
+	Client *client.Client
+
+	// TTL is how long a key is held: retries within it are answered from the first request,
+	// after it the key is admitted again. Whole seconds, from 1 s to idemgate's maximum (30
+	// days by default). Default 24 h.
+	TTL time.Duration
+
+	// Methods are the methods guarded; others pass through untouched. Default POST and PATCH
+	// (the draft's non-idempotent methods).
+	Methods []string
+
+	// Required reports whether a guarded request must carry Idempotency-Key; a request
+	// without one is then refused with 400 (draft §2.7), else it runs unguarded. Default:
+	// every guarded request requires one.
+	Required func(c *fiber.Ctx) bool
+
+	// Next skips the middleware for a request when it returns true.
+	Next func(c *fiber.Ctx) bool
+
+	// Header is the request header carrying the key, matched case-insensitively. Default
+	// "Idempotency-Key".
+	Header string
+
+	// KeyPrefix is prepended to the scope of every key, e.g. the service's name, so several
+	// services can share one idemgate tenant.
+	KeyPrefix string
+
+	// Scope returns the scope of a request's key: the same key in two scopes is two
+	// independent keys. Default: method and route pattern ("POST /v1/orders/:id/charge"),
+	// which is the route the middleware is mounted on; mounted with app.Use the pattern is
+	// the Use prefix, so one key on two endpoints conflicts (422) rather than running twice.
+	// The idemgate tenant (the client's API key) always scopes too. If your service has users
+	// of its own, return the user's id here so users cannot collide.
+	Scope func(c *fiber.Ctx) string
+
+	// FingerprintHeaders are request headers that take part in the fingerprint. Default
+	// Authorization, so one key replayed with another caller's credentials is refused (422)
+	// instead of answered with the first caller's response. Set it to an empty non-nil
+	// slice to fingerprint no header.
+	FingerprintHeaders []string
+
+	// Fingerprint, if set, replaces the default fingerprint (SHA-256 of method, path, sorted
+	// query, media type, FingerprintHeaders and the RFC 8785-canonical JSON or raw body). At
+	// most 256 characters.
+	Fingerprint func(c *fiber.Ctx) string
+
+	// Operation, if set, names the business operation of a request at idemgate (1–64 of
+	// [A-Za-z0-9._:-]), for operators' filters. Default: none.
+	Operation func(c *fiber.Ctx) string
+
+	// ReplayHeaders are the response headers stored and replayed. Default
+	// DefaultReplayHeaders.
+	ReplayHeaders []string
+
+	// NoEffectStatus reports statuses below 500 that mean the request was not processed, so
+	// the key is released and a retry runs again. Default: 408, 425 and 429.
+	NoEffectStatus func(status int) bool
+
+	// RetryAfter is sent with 409 request_in_progress. Default 1 s.
+	RetryAfter time.Duration
+
+	// WriteTimeout bounds recording the outcome at idemgate after the handler, retries
+	// included. That write uses a context the request's cancellation cannot end. Default 10 s.
+	WriteTimeout time.Duration
+
+	// FailOpen runs the handler unguarded when idemgate cannot be asked at acquire. Default
+	// false: such a request is refused with 503 and Retry-After and never runs unguarded.
+	FailOpen bool
+
+	// Respond writes the middleware's own answers. Default WriteProblem (problem+json).
+	Respond func(c *fiber.Ctx, p *Problem) error
+
+	// Logger receives failures to talk to idemgate. Default slog.Default().
+	Logger *slog.Logger
+}
+
+type middleware struct {
+	cfg     Config
+	methods map[string]bool
+	replay  []string
+}
+
+// New returns the middleware. It panics if cfg.Client is nil or cfg.TTL is not a whole
+// number of seconds, as Fiber's middlewares do with unusable configuration.
+//
+// Per request it: (1) passes through methods outside Config.Methods; (2) reads and validates
+// Idempotency-Key (ParseKey; missing → 400 idempotency_key_missing unless not Required, more
+// than one or malformed → 400 idempotency_key_invalid); (3) acquires "<scope>|<key>" at
+// idemgate with the request's fingerprint and Config.TTL; (4) on admission runs the handler
+// and records its response as the outcome; on a duplicate replays the recorded response with
+// Idempotent-Replayed: true, or answers 409 while the original runs (request_in_progress,
+// Retry-After) or when its outcome is uncertain; on a fingerprint mismatch answers 422; when
+// idemgate cannot be asked answers 503 (or runs unguarded with FailOpen).
+//
+// Outcomes: a response below 500 is recorded succeeded with the response (status, the
+// ReplayHeaders, body), except NoEffectStatus ones; a 5xx response or a panic is recorded
+// uncertain and the key stays blocked until reconciled or expired, because the handler may
+// have had its effect; NoEffect(c) and NoEffectStatus record failed and release the key.
+func New(cfg Config) fiber.Handler {
+	if cfg.Client == nil {
+		panic("fibermw: Config.Client is required")
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second || cfg.TTL%time.Second != 0 {
+		panic(fmt.Sprintf("fibermw: Config.TTL %v must be a whole number of seconds, at least 1 s", cfg.TTL))
+	}
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = []string{fiber.MethodPost, fiber.MethodPatch}
+	}
+	if cfg.Required == nil {
+		cfg.Required = func(*fiber.Ctx) bool { return true }
+	}
+	if cfg.Header == "" {
+		cfg.Header = HeaderIdempotencyKey
+	}
+	if cfg.Scope == nil {
+		cfg.Scope = func(c *fiber.Ctx) string { return c.Method() + " " + c.Route().Path }
+	}
+	if cfg.FingerprintHeaders == nil {
+		cfg.FingerprintHeaders = []string{fiber.HeaderAuthorization}
+	}
+	if cfg.ReplayHeaders == nil {
+		cfg.ReplayHeaders = DefaultReplayHeaders
+	}
+	if cfg.NoEffectStatus == nil {
+		cfg.NoEffectStatus = func(s int) bool {
+			return s == fiber.StatusRequestTimeout || s == fiber.StatusTooEarly || s == fiber.StatusTooManyRequests
+		}
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.Respond == nil {
+		cfg.Respond = WriteProblem
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m := &middleware{cfg: cfg, methods: map[string]bool{}}
+	for _, meth := range cfg.Methods {
+		m.methods[strings.ToUpper(meth)] = true
+	}
+	for _, h := range cfg.ReplayHeaders {
+		m.replay = append(m.replay, canonicalHeader(h))
+	}
+	return m.handle
+}
+
+func (m *middleware) handle(c *fiber.Ctx) error {
+	if (m.cfg.Next != nil && m.cfg.Next(c)) || !m.methods[c.Method()] {
+		return c.Next()
+	}
+	values := c.Request().Header.PeekAll(m.cfg.Header)
+	switch {
+	case len(values) == 0:
+		if !m.cfg.Required(c) {
+			return c.Next()
+		}
+		return m.cfg.Respond(c, newProblem(http.StatusBadRequest, CodeKeyMissing,
+			"This request requires an "+m.cfg.Header+" header."))
+	case len(values) > 1:
+		return m.invalidKey(c, "must appear only once")
+	}
+	key, err := ParseKey(values[0])
+	if err != nil {
+		return m.invalidKey(c, strings.TrimPrefix(err.Error(), ErrInvalidKey.Error()+": "))
+	}
+	scoped := serverKey(m.cfg.KeyPrefix+m.cfg.Scope(c), key)
+	req := client.AcquireRequest{Key: scoped, TTL: m.cfg.TTL, Fingerprint: m.fingerprint(c),
+		CorrelationID: correlationID(c), Metadata: m.metadata(c)}
+	if m.cfg.Operation != nil {
+		req.Operation = m.cfg.Operation(c)
+	}
+	res, err := m.cfg.Client.Acquire(c.UserContext(), req)
+	switch {
+	case errors.Is(err, client.ErrFingerprintMismatch):
+		return m.cfg.Respond(c, newProblem(http.StatusUnprocessableEntity, CodeFingerprintMismatch,
+			"This "+m.cfg.Header+" was used for a different request; use a new key for a new request."))
+	case err != nil:
+		return m.unavailable(c, scoped, err)
+	case res.Duplicate != nil:
+		return m.duplicate(c, res.Duplicate)
+	}
+	adm := res.Admitted
+	info := &Info{Key: key, ServerKey: scoped, OperationID: adm.OperationID, FencingToken: adm.FencingToken,
+		ExpiresAt: adm.ExpiresAt, PreviousOperation: adm.PreviousOperation, ownerToken: adm.OwnerToken}
+	c.Locals(infoKey{}, info)
+	return m.run(c, info)
+}
+
+func (m *middleware) invalidKey(c *fiber.Ctx, msg string) error {
+	p := newProblem(http.StatusBadRequest, CodeKeyInvalid, "The "+m.cfg.Header+" header is invalid.")
+	p.Errors = []client.FieldError{{Field: m.cfg.Header, Message: msg}}
+	return m.cfg.Respond(c, p)
+}
+
+// unavailable answers an acquire that failed for another reason than a conflict: idemgate is
+// unreachable, overloaded or refuses the configuration. The handler does not run unguarded
+// unless FailOpen.
+func (m *middleware) unavailable(c *fiber.Ctx, scoped string, err error) error {
+	if errors.Is(err, context.Canceled) {
+		// The request's context ended (its client went away) before admission: nothing ran.
+		m.cfg.Logger.Info("request cancelled before admission", "key", scoped, "err", err)
+		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "The request was cancelled before it could be admitted.")
+		return m.cfg.Respond(c, p)
+	}
+	if m.cfg.FailOpen {
+		m.cfg.Logger.Warn("idemgate unavailable; running the request unguarded (FailOpen)", "key", scoped, "err", err)
+		return c.Next()
+	}
+	m.cfg.Logger.Error("idemgate unavailable; request refused", "key", scoped, "err", err)
+	p := newProblem(http.StatusServiceUnavailable, CodeUnavailable,
+		"The idempotency service cannot be reached; the request was not run. Retry with the same key.")
+	p.RetryAfter = 2 * time.Second
+	var pe *client.Problem
+	if errors.As(err, &pe) && pe.RetryAfter > 0 {
+		p.RetryAfter = pe.RetryAfter
+	}
+	return m.cfg.Respond(c, p)
+}
+
+// duplicate answers a request whose key is held by an earlier one.
+func (m *middleware) duplicate(c *fiber.Ctx, op *client.Operation) error {
+	switch {
+	case op.State == client.StateInProgress:
+		p := newProblem(http.StatusConflict, CodeInProgress,
+			"A request with this key is still in progress; retry after it completes.")
+		p.RetryAfter = m.cfg.RetryAfter
+		return m.cfg.Respond(c, p)
+	case op.State == client.StateUncertain:
+		return m.cfg.Respond(c, newProblem(http.StatusConflict, CodeOutcomeUncertain,
+			"A request with this key ended without a known outcome; it will not run again until that is resolved."))
+	}
+	var stored storedResponse
+	var body []byte
+	ok := false
+	if op.Outcome != nil && op.State == client.StateSucceeded {
+		stored, body, ok = decodeResponse(op.Outcome.Response)
+	}
+	if !ok || stored.BodyOmitted {
+		p := newProblem(http.StatusConflict, CodeResponseUnavailable,
+			"A request with this key has ended, but its response cannot be replayed; use a new key for a new request.")
+		p.OriginalStatus = stored.Status
+		return m.cfg.Respond(c, p)
+	}
+	c.Status(stored.Status)
+	for name, vals := range stored.Headers {
+		c.Response().Header.Del(name)
+		for _, v := range vals {
+			c.Response().Header.Add(name, v)
+		}
+	}
+	c.Set(HeaderReplayed, "true")
+	c.Response().SetBodyRaw(body)
+	return nil
+}
+
+// run calls the rest of the chain for an admitted request and records the outcome.
+func (m *middleware) run(c *fiber.Ctx, info *Info) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.record(c, info, client.StatusUncertain, false, nil, fmt.Sprintf("handler panicked: %v", r))
+			panic(r)
+		}
+	}()
+	if chainErr := c.Next(); chainErr != nil {
+		// Let the application's error handler write the response now, so that what is
+		// recorded is what the client gets.
+		if herr := c.App().ErrorHandler(c, chainErr); herr != nil {
+			_ = c.Status(fiber.StatusInternalServerError).SendString(utils.StatusMessage(fiber.StatusInternalServerError))
+		}
+	}
+	status := c.Response().StatusCode()
+	resp := encodeResponse(status, m.replayHeaders(c, status), string(c.Response().Header.ContentType()), c.Response().Body())
+	switch {
+	case info.noEffect:
+		m.record(c, info, client.StatusFailed, true, resp, "no effect (fibermw.NoEffect)")
+	case status >= 500:
+		m.record(c, info, client.StatusUncertain, false, resp, fmt.Sprintf("handler answered %d", status))
+	case m.cfg.NoEffectStatus(status):
+		m.record(c, info, client.StatusFailed, true, resp, fmt.Sprintf("handler answered %d (not processed)", status))
+	default:
+		m.record(c, info, client.StatusSucceeded, false, resp, "")
+	}
+	return nil
+}
+
+// record writes the outcome at idemgate with a context that outlives the request: a client
+// that hangs up must not leave the operation without its outcome.
+func (m *middleware) record(c *fiber.Ctx, info *Info, status string, release bool, resp []byte, note string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), m.cfg.WriteTimeout)
+	defer cancel()
+	req := client.OutcomeRequest{OwnerToken: info.ownerToken, Status: status, Receipt: info.receipt, Note: note,
+		Release: release}
+	if resp != nil {
+		req.Response = json.RawMessage(resp)
+	}
+	_, err := m.cfg.Client.RecordOutcome(ctx, info.OperationID, req)
+	if errors.Is(err, client.ErrPayloadTooLarge) && resp != nil {
+		// Not expected (encodeResponse stays under the limit), but an outcome without its
+		// response beats none.
+		req.Response = nil
+		_, err = m.cfg.Client.RecordOutcome(ctx, info.OperationID, req)
+	}
+	if err != nil {
+		m.cfg.Logger.Error("idemgate: could not record the outcome; the key stays in progress until its TTL ends",
+			"key", info.ServerKey, "operation_id", info.OperationID, "status", status, "err", err)
+	}
+}
+
+// replayHeaders returns the allow-listed response headers. Content-Type is left out of
+// responses that carry none on the wire (1xx, 204, 304), where fasthttp reports its default
+// but does not send it.
+func (m *middleware) replayHeaders(c *fiber.Ctx, status int) map[string][]string {
+	var out map[string][]string
+	noBody := status < 200 || status == fiber.StatusNoContent || status == fiber.StatusNotModified
+	for _, name := range m.replay {
+		if noBody && name == fiber.HeaderContentType {
+			continue
+		}
+		for _, v := range c.Response().Header.PeekAll(name) {
+			if out == nil {
+				out = map[string][]string{}
+			}
+			out[name] = append(out[name], string(v))
+		}
+	}
+	return out
+}
+
+func (m *middleware) fingerprint(c *fiber.Ctx) string {
+	if m.cfg.Fingerprint != nil {
+		return m.cfg.Fingerprint(c)
+	}
+	r := request{Method: c.Method(), Path: string(c.Request().URI().Path()),
+		RawQuery: string(c.Request().URI().QueryString()), ContentType: string(c.Request().Header.ContentType()),
+		Body: c.Body()}
+	for _, h := range m.cfg.FingerprintHeaders {
+		for _, v := range c.Request().Header.PeekAll(h) {
+			r.Headers = append(r.Headers, [2]string{strings.ToLower(h), string(v)})
+		}
+	}
+	return fingerprint(r)
+}
+
+// maxMetadataPath bounds the request path kept in the operation's metadata.
+const maxMetadataPath = 1024
+
+// metadata is stored with the operation for operators: what request the key guards.
+func (m *middleware) metadata(c *fiber.Ctx) map[string]string {
+	path := string(c.Request().URI().PathOriginal())
+	if len(path) > maxMetadataPath {
+		path = path[:maxMetadataPath]
+	}
+	return map[string]string{"method": c.Method(), "route": c.Route().Path,
+		"path": strings.ToValidUTF8(path, "\uFFFD")}
+}
+
+// correlationID is the request's id (Fiber's requestid middleware, or an X-Request-ID
+// header), so an operator can find the request in the service's logs.
+func correlationID(c *fiber.Ctx) string {
+	id, _ := c.Locals("requestid").(string)
+	if id == "" {
+		id = string(c.Request().Header.Peek(fiber.HeaderXRequestID))
+	}
+	if id == "" || !utf8.ValidString(id) || utf8.RuneCountInString(id) > client.MaxCorrelationIDChars ||
+		strings.IndexByte(id, 0) >= 0 {
+		return ""
+	}
+	return strings.Clone(id)
+}

@@ -1,0 +1,214 @@
+// Package servertest starts a real idemgate server (web.New over real services and a real
+// database) on a loopback port, for the tests of the client and its middleware. It is internal
+// so that importing the client never pulls in the server, GORM or a database driver.
+package servertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/web"
+)
+
+// Server is a running idemgate server.
+type Server struct {
+	// URL is the base URL, "http://127.0.0.1:<port>".
+	URL string
+	// APIKey is the API key of a tenant created for this server.
+	APIKey string
+	// DB is the database the server uses.
+	DB   *models.DB
+	Auth *services.Auth
+}
+
+// Start serves a new idemgate server over db on 127.0.0.1:0 until the test ends, with a fresh
+// tenant and API key, so tests sharing a database never see each other's keys.
+func Start(tb testing.TB, db *models.DB) *Server {
+	tb.Helper()
+	s, stop, err := StartServer(db)
+	if err != nil {
+		tb.Fatalf("start idemgate: %v", err)
+	}
+	tb.Cleanup(stop)
+	return s
+}
+
+// StartServer is Start for callers without a testing.TB (examples): it returns the server and
+// the function that stops it.
+func StartServer(db *models.DB) (*Server, func(), error) {
+	log := slog.New(slog.DiscardHandler)
+	if os.Getenv("IDEMGATE_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	sqlDB, err := db.SQL()
+	if err != nil {
+		return nil, nil, err
+	}
+	auth := services.NewAuth(db, log)
+	srv := web.New(web.Config{
+		Admission: services.NewAdmission(db, log, 0),
+		Auth:      auth,
+		Log:       log,
+		DB:        sqlDB,
+		Sessions:  web.NewSessionStorage(db),
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}
+	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Auth: auth}
+	if s.APIKey, err = s.createAPIKey(); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return s, stop, nil
+}
+
+// NewAPIKey creates an API key of a new tenant and returns its secret.
+func (s *Server) NewAPIKey(tb testing.TB) string {
+	tb.Helper()
+	key, err := s.createAPIKey()
+	if err != nil {
+		tb.Fatalf("create API key: %v", err)
+	}
+	return key
+}
+
+func (s *Server) createAPIKey() (string, error) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return s.Auth.CreateAPIKey(context.Background(), "t-"+hex.EncodeToString(b), "test", "")
+}
+
+// OpenThrough opens a second connection pool to the PostgreSQL database at pgURL through a
+// Proxy, so a test can cut the server off its database and reconnect it.
+func OpenThrough(tb testing.TB, pgURL string, p *Proxy) *models.DB {
+	tb.Helper()
+	u, err := url.Parse(pgURL)
+	if err != nil {
+		tb.Fatalf("parse %s: %v", pgURL, err)
+	}
+	p.mu.Lock()
+	p.target = u.Host
+	p.mu.Unlock()
+	u.Host = p.Addr()
+	q := u.Query()
+	q.Set("connect_timeout", "2")
+	u.RawQuery = q.Encode()
+	db, err := models.Open(context.Background(), models.OpenOptions{DatabaseURL: u.String(), MaxConns: 4})
+	if err != nil {
+		tb.Fatalf("open through proxy: %v", err)
+	}
+	tb.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Proxy is a TCP forwarder that can be switched off (every connection cut, new ones closed
+// at once) and on again: a real network failure between idemgate and its database.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]struct{}
+}
+
+// NewProxy listens on 127.0.0.1:0 until the test ends. OpenThrough sets its target.
+func NewProxy(tb testing.TB) *Proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
+	}
+	p := &Proxy{ln: ln, conns: map[net.Conn]struct{}{}}
+	go p.serve()
+	tb.Cleanup(func() {
+		_ = ln.Close()
+		p.SetDown(true)
+	})
+	return p
+}
+
+// Addr is the proxy's listening address.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetDown switches the proxy off (cutting every open connection) or on.
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+		clear(p.conns)
+	}
+}
+
+func (p *Proxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		} else if err != nil {
+			continue
+		}
+		go p.forward(c)
+	}
+}
+
+func (p *Proxy) forward(c net.Conn) {
+	p.mu.Lock()
+	if p.down {
+		p.mu.Unlock()
+		_ = c.Close()
+		return
+	}
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		p.mu.Unlock()
+		_ = c.Close()
+		return
+	}
+	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		_ = dst.Close()
+		_ = src.Close()
+		done <- struct{}{}
+	}
+	go pipe(up, c)
+	go pipe(c, up)
+	<-done
+	<-done
+	p.mu.Lock()
+	delete(p.conns, c)
+	delete(p.conns, up)
+	p.mu.Unlock()
+}
