@@ -25,8 +25,7 @@ type Observer interface {
 	// tenant is the tenant's name ("" when the caller's Principal has none).
 	AcquireDecided(ctx context.Context, tenant, result string)
 	// ReleaseDecided reports one owner-checked release (SPEC.md §4, §5): source is SourceAPI
-	// or SourceOperator; result is ResultReleased, ResultUnchanged (a release repeated with the
-	// owner token of an operation already released) or the code of the refusal (not_owner,
+	// or SourceOperator; result is ResultReleased or the code of the refusal (not_owner,
 	// effect_confirmed, outcome_uncertain, key_not_held, invalid_transition, not_found).
 	ReleaseDecided(ctx context.Context, source, result string)
 	// OutcomeDecided reports one outcome recorded or refused (SPEC.md §3–4): source is
@@ -51,7 +50,7 @@ const (
 const (
 	ResultReleased  = "released"  // the hold was released
 	ResultRecorded  = "recorded"  // the outcome changed the operation
-	ResultUnchanged = "unchanged" // the same outcome or release again: succeeded and changed nothing
+	ResultUnchanged = "unchanged" // the same outcome again: succeeded and changed nothing
 )
 
 // nopObserver is the Observer of services built without one.
@@ -99,12 +98,9 @@ func refusalCode(err error) (string, bool) {
 	return "", false
 }
 
-// observeRelease reports a release call that ended with err; repeat says it answered a
-// release already done (ResultUnchanged).
-func observeRelease(ctx context.Context, o Observer, source string, repeat bool, err error) {
-	if err == nil && repeat {
-		o.ReleaseDecided(ctx, source, ResultUnchanged)
-	} else if err == nil {
+// observeRelease reports a release call that ended with err.
+func observeRelease(ctx context.Context, o Observer, source string, err error) {
+	if err == nil {
 		o.ReleaseDecided(ctx, source, ResultReleased)
 	} else if code, ok := refusalCode(err); ok {
 		o.ReleaseDecided(ctx, source, code)

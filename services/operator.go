@@ -344,7 +344,7 @@ func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, 
 	if err := in.validate(id); err != nil {
 		return nil, err
 	}
-	defer func() { observeRelease(ctx, a.obs, SourceOperator, false, err) }()
+	defer func() { observeRelease(ctx, a.obs, SourceOperator, err) }()
 	var out *Operation
 	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		seen, err := a.operatorOpRow(tx, acct, id)

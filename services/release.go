@@ -45,33 +45,13 @@ func (in *ReleaseInput) validate() error {
 // ErrNotOwner (the token does not own the current hold, including a hold re-acquired by another
 // attempt); ErrEffectConfirmed (succeeded); ErrOutcomeUncertain (uncertain); ErrStoreUnavailable.
 // None of the refusals change anything.
-//
-// A release is idempotent by owner token: when in.OwnerToken's operation of this key is already
-// released (this call is a retry whose first answer was lost, or the hold was released another
-// way), the answer is that operation again and nothing changes, rather than ErrKeyNotHeld or
-// ErrNotOwner, which would tell a retrying client its release failed.
 func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (op *Operation, err error) {
 	if err := in.validate(); err != nil {
 		return nil, err
 	}
-	repeat := false
-	defer func() { observeRelease(ctx, a.obs, SourceAPI, repeat, err) }()
+	defer func() { observeRelease(ctx, a.obs, SourceAPI, err) }()
 	var out *Operation
 	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// refuse answers err unless the token's operation is already released.
-		refuse := func(refusal error, now time.Time) error {
-			var done models.Operation
-			err := tx.Where("tenant_id = ? AND key = ? AND owner_token_hash = ? AND state = ?",
-				p.TenantID, in.Key, hashSecret(in.OwnerToken), models.StateReleased).Take(&done).Error
-			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return refusal
-			} else if err != nil {
-				return err
-			}
-			repeat = true
-			out, err = loadOperation(tx, p.TenantID, done.ID, now)
-			return err
-		}
 		var k models.IdemKey
 		err := a.forUpdate(tx).Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -84,14 +64,14 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 			return err
 		}
 		if k.HolderOperationID == nil || !k.ExpiresAt.After(now) {
-			return refuse(ErrKeyNotHeld, now)
+			return ErrKeyNotHeld
 		}
 		var h models.Operation
 		if err := a.forUpdate(tx).Where("id = ?", *k.HolderOperationID).Take(&h).Error; err != nil {
 			return err
 		}
 		if !secretMatches(in.OwnerToken, h.OwnerTokenHash) {
-			return refuse(ErrNotOwner, now)
+			return ErrNotOwner
 		}
 		if err := releasable(h.State); err != nil {
 			return err

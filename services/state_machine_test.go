@@ -317,15 +317,9 @@ func TestOutcomeFailedWithReleaseFreesKey(t *testing.T) {
 		next := mustAcquire(t, b, "fail-release", 60)
 		require.EqualValues(t, 2, next.FencingToken)
 		require.Nil(t, next.PreviousOperation)
-		// The old owner's release answers its own released operation again and leaves the
-		// new hold alone.
-		before := snapshot(t, b, next.OperationID)
-		again, err := release(b, acq)
-		require.NoError(t, err)
-		require.Equal(t, acq.OperationID, again.ID)
-		require.Equal(t, models.StateReleased, again.State)
-		require.Equal(t, before, snapshot(t, b, next.OperationID))
-		require.Equal(t, models.StateInProgress, before.Op.State)
+		// The old owner can no longer release the key it gave up.
+		_, err = release(b, acq)
+		require.ErrorIs(t, err, ErrNotOwner)
 	})
 }
 
@@ -334,28 +328,20 @@ func TestReleaseByState(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		for _, tc := range []struct {
-			from   string
-			want   error
-			repeat bool // already released: answered again, nothing changes (idempotent by owner token)
+			from string
+			want error
 		}{
-			{"in_progress", nil, false},
-			{"failed", nil, false},
-			{"succeeded", ErrEffectConfirmed, false},
-			{"uncertain", ErrOutcomeUncertain, false},
-			{"released", nil, true},
-			{"released_failed", nil, true},
+			{"in_progress", nil},
+			{"failed", nil},
+			{"succeeded", ErrEffectConfirmed},
+			{"uncertain", ErrOutcomeUncertain},
+			{"released", ErrKeyNotHeld},
+			{"released_failed", ErrKeyNotHeld},
 		} {
 			t.Run(tc.from, func(t *testing.T) {
 				acq := intoState(t, b, "rel-"+tc.from, tc.from)
 				before := snapshot(t, b, acq.OperationID)
 				op, err := release(b, acq)
-				if tc.repeat {
-					require.NoError(t, err)
-					require.Equal(t, acq.OperationID, op.ID)
-					require.Equal(t, models.StateReleased, op.State)
-					require.Equal(t, before, snapshot(t, b, acq.OperationID))
-					return
-				}
 				if tc.want != nil {
 					require.ErrorIs(t, err, tc.want)
 					require.Nil(t, op)

@@ -151,28 +151,14 @@ func (f *fakeServer) release(w http.ResponseWriter, key, token string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := f.keys[key]
-	// repeat answers a release by the owner of an operation of key already released.
-	repeat := func() bool {
-		for _, o := range f.ops {
-			if o.key == key && o.token == token && o.state == "released" {
-				reply(w, 200, map[string]any{"released": true, "operation": f.opJSON(o)})
-				return true
-			}
-		}
-		return false
-	}
 	if !f.live(k, time.Now()) {
-		if !repeat() {
-			problem(w, 404, "key_not_held")
-		}
+		problem(w, 404, "key_not_held")
 		return
 	}
 	h := f.ops[k.holder]
 	switch {
 	case h.token != token && f.broken != fakeNoOwnerRelease:
-		if !repeat() {
-			problem(w, 409, "not_owner")
-		}
+		problem(w, 409, "not_owner")
 	case h.state == "succeeded":
 		problem(w, 409, "effect_confirmed")
 	case h.state == "uncertain":

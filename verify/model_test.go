@@ -254,9 +254,6 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			o = v.ops[in.Op]
 			canRelease := !in.BadToken && v.holder == in.Op && liveAt(o, in.Call) &&
 				(o.state == "in_progress" || o.state == "failed")
-			// A release is idempotent by owner token (SPEC.md §4 as extended by issue 5): the
-			// owner of an operation already released gets it again, and nothing changes.
-			repeat := !in.BadToken && o.state == "released"
 			released := func() keyState {
 				o.state = "released"
 				c := v.with(in.Op, o)
@@ -272,20 +269,18 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 				}
 				continue
 			case out.Status == 200:
-				if repeat {
-					next = append(next, v)
-				} else if canRelease {
+				if canRelease {
 					next = append(next, released())
 				}
 				continue
 			case out.Status == 409 && out.Code == "not_owner":
-				ok = !repeat && (in.BadToken || v.holder != in.Op)
+				ok = in.BadToken || v.holder != in.Op
 			case out.Status == 409 && out.Code == "effect_confirmed":
 				ok = !in.BadToken && o.state == "succeeded"
 			case out.Status == 409 && out.Code == "outcome_uncertain":
 				ok = !in.BadToken && o.state == "uncertain"
 			case out.Status == 404 && out.Code == "key_not_held":
-				ok = !repeat && v.free(out.Ret)
+				ok = v.free(out.Ret)
 			}
 			if ok {
 				next = append(next, v)

@@ -165,13 +165,23 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResul
 // refusals change anything.
 //
 // Retrying is safe: the release is a compare-and-delete on the owner's hold, so it cannot act
-// twice, and the server answers a release repeated with the owner token of an operation
-// already released with that operation again (200), so a retry after a lost answer reports
-// the success it caused.
+// twice. But when a try's answer was lost after the server released, the server answers the
+// retry key_not_held (or not_owner once another attempt took the key), as SPEC.md §4 says. So
+// when a retried release is refused that way and req.OperationID is set, Release reads that
+// operation: if it is released, the earlier try did it, and Release returns it with no error.
+// Without req.OperationID such a refusal is returned with Problem.Attempts > 1.
 func (c *Client) Release(ctx context.Context, req ReleaseRequest) (*Operation, error) {
 	var ans releaseAnswer
 	if _, err := c.do(ctx, http.MethodPost, "/v1/release", nil,
-		releaseBody(req), &ans, http.StatusOK); err != nil {
+		releaseBody{Key: req.Key, OwnerToken: req.OwnerToken, Reason: req.Reason}, &ans, http.StatusOK); err != nil {
+		var p *Problem
+		if req.OperationID == "" || !errors.As(err, &p) || p.Attempts < 2 ||
+			!(errors.Is(err, ErrKeyNotHeld) || errors.Is(err, ErrNotOwner)) {
+			return nil, err
+		}
+		if d, gerr := c.GetOperation(ctx, req.OperationID); gerr == nil && d.State == StateReleased && d.Key == req.Key {
+			return &d.Operation, nil
+		}
 		return nil, err
 	}
 	ans.Operation.normalize()

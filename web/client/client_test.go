@@ -134,10 +134,9 @@ func TestRelease(t *testing.T) {
 		require.NotNil(t, op.ReleasedAt)
 		require.False(t, op.Held)
 
-		again, err := c.Release(ctx(t), client.ReleaseRequest{Key: key, OwnerToken: first.OwnerToken})
-		require.NoError(t, err, "a repeated release answers the released operation again")
-		require.Equal(t, first.OperationID, again.ID)
-		require.Equal(t, client.StateReleased, again.State)
+		// Releasing again (no retry involved): the hold is gone, as SPEC.md §4 answers.
+		_, err = c.Release(ctx(t), client.ReleaseRequest{Key: key, OwnerToken: first.OwnerToken, OperationID: first.OperationID})
+		require.ErrorIs(t, err, client.ErrKeyNotHeld)
 
 		res, err = c.Acquire(ctx(t), req)
 		require.NoError(t, err)
@@ -145,18 +144,14 @@ func TestRelease(t *testing.T) {
 		require.NotNil(t, second, "a released key is free again")
 		require.EqualValues(t, 2, second.FencingToken)
 
-		// The first owner's repeat still answers its own released operation, and leaves the
-		// newer hold alone.
-		again, err = c.Release(ctx(t), client.ReleaseRequest{Key: key, OwnerToken: first.OwnerToken})
-		require.NoError(t, err)
-		require.Equal(t, first.OperationID, again.ID)
+		_, err = c.Release(ctx(t), client.ReleaseRequest{Key: key, OwnerToken: first.OwnerToken})
+		require.ErrorIs(t, err, client.ErrNotOwner, "a stale owner cannot release a newer hold")
 		kv, err := c.GetKey(ctx(t), key)
 		require.NoError(t, err)
 		require.True(t, kv.Held)
 		require.Equal(t, second.OperationID, kv.Operation.ID)
 
-		// A stale owner whose operation was not released (its TTL ran out) cannot release
-		// the newer hold.
+		// Nor can one whose operation was not released (its TTL ran out).
 		staleKey := uniqueKey("stale")
 		res, err = c.Acquire(ctx(t), client.AcquireRequest{Key: staleKey, TTL: time.Second})
 		require.NoError(t, err)

@@ -87,21 +87,34 @@ func TestRecordOutcomeRetryAfterLostAnswer(t *testing.T) {
 func TestReleaseRetryAfterLostAnswer(t *testing.T) {
 	srv := servertest.Start(t, dbs.Postgres)
 	plain := newClient(t, srv)
-	key := uniqueKey("rel")
-	res, err := plain.Acquire(ctx(t), client.AcquireRequest{Key: key, TTL: time.Minute})
-	require.NoError(t, err)
-	var dropped atomic.Int32
-	c := newClient(t, srv, client.WithHTTPClient(dropFirstAnswer("/v1/release", &dropped)))
-	op, err := c.Release(ctx(t), client.ReleaseRequest{Key: key, OwnerToken: res.Admitted.OwnerToken})
-	// The first try released and its answer was lost; the retry gets the released operation
-	// again, so the caller sees the success it caused.
-	require.NoError(t, err)
-	require.EqualValues(t, 2, dropped.Load(), "the first answer was lost and the call retried")
-	require.Equal(t, res.Admitted.OperationID, op.ID)
-	require.Equal(t, client.StateReleased, op.State)
-	d, err := plain.GetOperation(ctx(t), res.Admitted.OperationID)
-	require.NoError(t, err)
-	require.Equal(t, client.StateReleased, d.State)
+	for _, withID := range []bool{true, false} {
+		key := uniqueKey("rel")
+		res, err := plain.Acquire(ctx(t), client.AcquireRequest{Key: key, TTL: time.Minute})
+		require.NoError(t, err)
+		var dropped atomic.Int32
+		c := newClient(t, srv, client.WithHTTPClient(dropFirstAnswer("/v1/release", &dropped)))
+		req := client.ReleaseRequest{Key: key, OwnerToken: res.Admitted.OwnerToken}
+		if withID {
+			req.OperationID = res.Admitted.OperationID
+		}
+		op, err := c.Release(ctx(t), req)
+		require.EqualValues(t, 2, dropped.Load(), "the first answer was lost and the call retried")
+		if withID {
+			// The server answers the retry key_not_held; the client finds its operation
+			// released and reports the success the first try caused.
+			require.NoError(t, err)
+			require.Equal(t, res.Admitted.OperationID, op.ID)
+			require.Equal(t, client.StateReleased, op.State)
+		} else {
+			require.ErrorIs(t, err, client.ErrKeyNotHeld)
+			var p *client.Problem
+			require.ErrorAs(t, err, &p)
+			require.Equal(t, 2, p.Attempts, "Attempts says an earlier try may have released")
+		}
+		d, err := plain.GetOperation(ctx(t), res.Admitted.OperationID)
+		require.NoError(t, err)
+		require.Equal(t, client.StateReleased, d.State)
+	}
 }
 
 func TestNoRetryOnDecisions(t *testing.T) {

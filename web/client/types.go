@@ -133,6 +133,11 @@ type ReleaseRequest struct {
 	OwnerToken string
 	// Reason is free text, ≤ 500 characters, shown to operators.
 	Reason string
+	// OperationID is Admission.OperationID. Optional, but set it: after a retry, the server
+	// answers a release whose first try already succeeded with key_not_held or not_owner
+	// (SPEC.md §4: a release is a compare-and-delete, and the hold is gone), and with the
+	// operation id the client checks the operation and reports that release as done.
+	OperationID string
 }
 
 // OutcomeRequest records an operation's outcome (SPEC.md §4
