@@ -72,6 +72,9 @@ func checkMembers(body []byte, allowed map[string]bool) error {
 		if err := dec.Decode(&skip); err != nil {
 			return syntaxProblem(err)
 		}
+		if len(skip) > 0 && skip[0] == '"' && hasLoneSurrogate(skip) {
+			return fieldError(name, `must not contain a lone UTF-16 surrogate escape (\uD800–\uDFFF without its pair)`)
+		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return syntaxProblem(err)
@@ -80,6 +83,62 @@ func checkMembers(body []byte, allowed map[string]bool) error {
 		return invalidBody("The request body must hold exactly one JSON object.")
 	}
 	return nil
+}
+
+// hasLoneSurrogate reports whether the JSON string literal raw (quotes included, already valid
+// JSON) has a \u escape of a UTF-16 surrogate that is not part of a high+low pair.
+// encoding/json decodes such an escape to U+FFFD, so "k\ud800" and "k\udfff" would both
+// become "k\ufffd": different keys from the client's point of view, one key once stored.
+// Top-level string members are refused for it; nested values (metadata, response) are stored
+// as raw JSON and keep their escapes.
+func hasLoneSurrogate(raw []byte) bool {
+	hex4 := func(i int) (rune, bool) { // the 4 hex digits at raw[i:i+4]
+		if i+4 > len(raw) {
+			return 0, false
+		}
+		var v rune
+		for _, c := range raw[i : i+4] {
+			switch {
+			case c >= '0' && c <= '9':
+				v = v<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				v = v<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				v = v<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return v, true
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' || i+1 >= len(raw) {
+			continue
+		}
+		if raw[i+1] != 'u' {
+			i++ // a two-character escape such as \" or \\
+			continue
+		}
+		v, ok := hex4(i + 2)
+		if !ok {
+			return false // not valid JSON; the decoder reports it
+		}
+		i += 5
+		switch {
+		case v >= 0xDC00 && v <= 0xDFFF:
+			return true // a low surrogate with no high one before it
+		case v >= 0xD800 && v <= 0xDBFF:
+			if i+2 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+				return true
+			}
+			lo, ok := hex4(i + 3)
+			if !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return true
+			}
+			i += 6
+		}
+	}
+	return false
 }
 
 func syntaxProblem(err error) error {

@@ -1,8 +1,10 @@
 package web
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idemgate/idemgate/services"
@@ -44,7 +46,8 @@ func TestDecodeJSONRefusesCoercion(t *testing.T) {
 // body it accepts is valid JSON.
 func FuzzDecodeAcquire(f *testing.F) {
 	for _, s := range []string{`{"key":"a","ttl_seconds":60}`, `{"metadata":{"x":[1,2,{"y":null}]}}`, `[]`, `{"key":1}`,
-		`{"ttl_seconds":"1"}`, `{"a":1}`, `{`, `{"key":"\u0000"}`, `{} {}`, "\xff", `{"fingerprint":null}`} {
+		`{"ttl_seconds":"1"}`, `{"a":1}`, `{`, `{"key":"\u0000"}`, `{} {}`, "\xff", `{"fingerprint":null}`,
+		`{"key":"a\ud800"}`, `{"key":"\ud83d\ude00"}`, `{"key":"\udfff\ud800"}`, `{"key":"\\ud800"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -60,5 +63,35 @@ func FuzzDecodeAcquire(f *testing.F) {
 		if !json.Valid(body) {
 			t.Fatalf("accepted invalid JSON %q", body)
 		}
+		// No accepted string member was silently altered: U+FFFD only where the client wrote it.
+		if req.Key != nil && strings.Contains(*req.Key, "\uFFFD") && !bytes.Contains(body, []byte("\uFFFD")) &&
+			!bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`)) {
+			t.Fatalf("key %q has U+FFFD the body %q did not send", *req.Key, body)
+		}
 	})
+}
+
+func TestDecodeJSONRefusesLoneSurrogates(t *testing.T) {
+	for body, ok := range map[string]bool{
+		`{"key":"sur\ud800x"}`:        false,
+		`{"key":"sur\udfffx"}`:        false,
+		`{"key":"\uDBFF"}`:            false,
+		`{"key":"\ud800\u0041"}`:      false,
+		`{"key":"\udc00\ud800"}`:      false,
+		`{"key":"sur\ufffdx"}`:        true, // U+FFFD itself is a character like any other
+		`{"key":"\ud83d\ude00"}`:      true, // a pair: 😀
+		`{"key":"\\ud800"}`:           true, // an escaped backslash, then text
+		`{"metadata":{"k":"\ud800"}}`: true, // nested values are stored as sent
+	} {
+		var req acquireRequest
+		err := decodeJSON([]byte(body), &req)
+		if ok {
+			require.NoError(t, err, body)
+			continue
+		}
+		require.ErrorIs(t, err, services.ErrInvalidRequest, body)
+		var de *services.Error
+		require.ErrorAs(t, err, &de)
+		require.Equal(t, "key", de.Fields[0].Field, body)
+	}
 }
