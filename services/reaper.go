@@ -172,16 +172,20 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 	return s.Error
 }
 
-// Run calls RunOnce every interval until ctx ends, logging each pass that changed something
-// and each failure (a failed pass is simply retried at the next tick).
+// Run calls RunOnce at once and then every interval until ctx ends, logging each pass that
+// changed something and each failure (a failed pass is simply retried at the next tick).
 func (r *Reaper) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	// The first pass runs at once: work left by a crash is not left for another interval, and
+	// the last-success metric means something from the start.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
 		res, err := r.RunOnce(ctx)
 		if err != nil && ctx.Err() == nil {

@@ -3,6 +3,7 @@ package web
 import (
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -121,7 +122,18 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 		rid = uuid.NewString()
 		c.Set(fiber.HeaderXRequestID, rid)
 		ctx = logging.ContextWithRequestID(ctx, rid)
-		defer func() { s.logAccess(ctx, c, routeUnmatched, c.Response().StatusCode(), 0) }()
+		defer func() {
+			st := c.Response().StatusCode()
+			// Only a body over the limit (413) comes with its request line and headers parsed;
+			// for the others (431, malformed headers) method and path are Fiber's defaults.
+			parsed := st == fiber.StatusRequestEntityTooLarge
+			method := "-"
+			if parsed {
+				method = methodLabel(c.Method())
+			}
+			s.metrics.requests.WithLabelValues(routeUnmatched, method, strconv.Itoa(st)).Observe(0)
+			s.logAccess(ctx, c, routeUnmatched, st, 0, parsed)
+		}()
 	}
 	if internal || status >= 500 {
 		s.log.ErrorContext(ctx, "request failed", "method", methodLabel(c.Method()), "route", routeLabel(c, status),

@@ -132,6 +132,9 @@ func routeLabel(c *fiber.Ctx, status int) string {
 	case r.Path == "/" && c.Path() != "/":
 		// Only "GET /" has this pattern; anything else here is the global middleware.
 		return routeUnmatched
+	case r.Path == "/v1" && status == fiber.StatusNotFound:
+		// Authenticated, then no /v1 route matched: the group's middleware is all that ran.
+		return routeUnmatched
 	}
 	return r.Path
 }

@@ -203,6 +203,11 @@ func TestMetricsCountEveryDecision(t *testing.T) {
 			anon := &apiClient{t: t, s: s}
 			ok(anon.do("GET", "/no-such-page-"+dashRandom(), nil), 404)
 			ok(anon.do("POST", "/healthz", nil), 405)
+			// Authenticated, but no /v1 route: unmatched too, not the /v1 group's pattern.
+			ok(a.do("GET", "/v1/no-such-page-"+dashRandom(), nil), 404)
+			// Refused by the HTTP server before any middleware ran: still counted.
+			status, _, _ := postOversized(t, s, "/v1/acquire", services.MaxBodyBytes+1)
+			require.Equal(t, 413, status)
 
 			sc := scrapeMetrics(t, s)
 			require.Equal(t, map[string]float64{
@@ -247,7 +252,8 @@ func TestMetricsCountEveryDecision(t *testing.T) {
 			require.EqualValues(t, 1, requests["method=POST,route=/v1/acquire,status=422"])
 			require.EqualValues(t, 3, requests["method=POST,route=/v1/release,status=409"])
 			require.EqualValues(t, 1, requests["method=POST,route=/v1/operations/:id/outcome,status=403"])
-			require.EqualValues(t, 1, requests["method=GET,route=unmatched,status=404"], "%v", requests)
+			require.EqualValues(t, 2, requests["method=GET,route=unmatched,status=404"], "%v", requests)
+			require.EqualValues(t, 1, requests["method=POST,route=unmatched,status=413"], "%v", requests)
 			require.EqualValues(t, 1, requests["method=POST,route=unmatched,status=405"])
 			require.EqualValues(t, 2, requests["method=POST,route=/operations/:id/release,status=303"]+
 				requests["method=POST,route=/operations/:id/release,status=409"], "%v", requests)

@@ -118,7 +118,7 @@ func (s *Server) observe(c *fiber.Ctx) error {
 	status := c.Response().StatusCode()
 	route := routeLabel(c, status)
 	s.metrics.requests.WithLabelValues(route, methodLabel(c.Method()), strconv.Itoa(status)).Observe(elapsed.Seconds())
-	s.logAccess(c.UserContext(), c, route, status, elapsed)
+	s.logAccess(c.UserContext(), c, route, status, elapsed, true)
 	return nil
 }
 
@@ -133,13 +133,18 @@ var quietPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": 
 // still percent-encoded, never the query string: /login?next=… and filters stay out of the
 // log), status, duration, response bytes (-1 when streamed) and client address. request_id
 // comes from ctx. Headers are never logged, so neither are API keys, owner tokens (request
-// bodies) or cookies.
-func (s *Server) logAccess(ctx context.Context, c *fiber.Ctx, route string, status int, elapsed time.Duration) {
+// bodies) or cookies. parsed is false for a request the HTTP server refused before it could
+// read the request line and headers: method and path are then logged as "-", not as Fiber's
+// defaults (GET /), which would name a request that was never made.
+func (s *Server) logAccess(ctx context.Context, c *fiber.Ctx, route string, status int, elapsed time.Duration, parsed bool) {
 	path := c.Request().URI().PathOriginal()
 	if i := bytes.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	logged := string(path) // copies: the buffer is reused after the request
+	logged, method := string(path), methodLabel(c.Method()) // copies: the buffer is reused after the request
+	if !parsed {
+		logged, method = "-", "-"
+	}
 	if len(logged) > maxLoggedPath {
 		logged = logged[:maxLoggedPath] + "…"
 	}
@@ -156,7 +161,7 @@ func (s *Server) logAccess(ctx context.Context, c *fiber.Ctx, route string, stat
 		size = int64(len(resp.Body()))
 	}
 	s.log.LogAttrs(ctx, level, "request",
-		slog.String("method", methodLabel(c.Method())),
+		slog.String("method", method),
 		slog.String("route", route),
 		slog.String("path", logged),
 		slog.Int("status", status),
