@@ -1,6 +1,7 @@
 package web
 
 import (
+	"bytes"
 	"log/slog"
 	"math"
 	"strconv"
@@ -34,6 +35,34 @@ func setSecurityHeaders(c *fiber.Ctx) {
 func securityHeaders(c *fiber.Ctx) error {
 	setSecurityHeaders(c)
 	return c.Next()
+}
+
+// rejectAmbiguousLength refuses a request that carries Content-Length more than once with
+// different values (RFC 9112 §6.3: a recipient must treat it as unrecoverable). The HTTP server
+// silently takes the last one, so a proxy that takes the first would see another request
+// boundary than idemgate: the basis of request smuggling. The connection is closed after the
+// answer, since where this request ends is not known.
+func rejectAmbiguousLength(c *fiber.Ctx) error {
+	// The parsed header keeps one Content-Length; the raw header block keeps them all.
+	if countContentLength(c.Request().Header.RawHeaders()) > 1 {
+		c.Context().SetConnectionClose()
+		return fieldError(fiber.HeaderContentLength,
+			"must appear once (two different lengths make the end of the request ambiguous)")
+	}
+	return c.Next()
+}
+
+// countContentLength counts the distinct values of Content-Length lines in raw request
+// headers ("Name: value\r\n" lines, as received).
+func countContentLength(raw []byte) int {
+	values := map[string]bool{}
+	for _, line := range bytes.Split(raw, []byte("\n")) {
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if ok && bytes.EqualFold(bytes.TrimSpace(name), []byte(fiber.HeaderContentLength)) {
+			values[string(bytes.TrimSpace(value))] = true
+		}
+	}
+	return len(values)
 }
 
 // Failed API-key authentications allowed per client address per authFailureWindow.

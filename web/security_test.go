@@ -1,7 +1,13 @@
 package web
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -146,4 +152,45 @@ func TestAuthFailureLimiterPerAddress(t *testing.T) {
 	n := len(l.addrs)
 	l.mu.Unlock()
 	require.LessOrEqual(t, n, maxTrackedAddrs)
+}
+
+// TestAmbiguousContentLengthRefused: two different Content-Length headers are a 400 and the
+// connection is closed, with nothing acquired (RFC 9112 §6.3; a proxy reading the first and
+// idemgate the last would disagree about where the request ends). Two equal ones are harmless.
+func TestAmbiguousContentLengthRefused(t *testing.T) {
+	s := newTestServer(t, dbs.Postgres)
+	c := newTenantClient(t, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	send := func(key string, lengths ...int) (*http.Response, map[string]any) {
+		body := `{"key":"` + key + `","ttl_seconds":60}`
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		req := "POST /v1/acquire HTTP/1.1\r\nHost: idemgate\r\nAuthorization: Bearer " + c.key + "\r\n"
+		for _, n := range lengths {
+			req += "Content-Length: " + strconv.Itoa(n) + "\r\n"
+		}
+		_, err = io.WriteString(conn, req+"\r\n"+body)
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var p map[string]any
+		raw, _ := io.ReadAll(resp.Body)
+		_ = json.Unmarshal(raw, &p)
+		return resp, p
+	}
+	n := len(`{"key":"smuggle","ttl_seconds":60}`)
+	resp, p := send("smuggle", 5, n)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%v", p)
+	require.Equal(t, "invalid_request", p["code"])
+	require.True(t, resp.Close, "the connection is closed after the answer")
+	problemOf(t, c.do("GET", "/v1/keys/smuggle", nil), 404, "not_found")
+
+	n = len(`{"key":"twice","ttl_seconds":60}`)
+	resp, p = send("twice", n, n)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%v", p)
 }

@@ -95,6 +95,7 @@ func New(cfg Config) *Server {
 	s.app.Use(assignRequestID)
 	s.app.Use(s.observe)
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
+	s.app.Use(rejectAmbiguousLength)
 	s.routes(adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	return s
 }
