@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 	"github.com/idemgate/idemgate/models"
-	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
@@ -46,29 +44,6 @@ func formAction(t *testing.T, row *goquery.Selection, id string) string {
 	a, ok := row.Find(`[data-testid="` + id + `"]`).Closest("form").Attr("action")
 	require.True(t, ok, "no form around %s", id)
 	return a
-}
-
-// adminIsolatedDBs returns a fresh, empty PostgreSQL database and SQLite file: the last-admin
-// rule counts every account, so it cannot be tested on the shared package databases.
-func adminIsolatedDBs(t *testing.T) []*models.DB {
-	t.Helper()
-	ctx := context.Background()
-	pgURL, drop, err := modeltest.CreatePostgres()
-	require.NoError(t, err)
-	t.Cleanup(drop)
-	var out []*models.DB
-	for _, opts := range []models.OpenOptions{
-		{DatabaseURL: pgURL, MaxConns: 4},
-		{SQLitePath: filepath.Join(t.TempDir(), "admin.db")},
-	} {
-		db, err := models.Open(ctx, opts)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		_, err = models.Migrate(ctx, db, nil)
-		require.NoError(t, err)
-		out = append(out, db)
-	}
-	return out
 }
 
 func TestDashboardAdminAPIKeys(t *testing.T) {
@@ -228,7 +203,7 @@ func (b *dashBrowser) mustLogin2(username, password string) {
 
 func TestDashboardAdminKeepsLastAdmin(t *testing.T) {
 	t.Parallel()
-	for _, db := range adminIsolatedDBs(t) {
+	for _, db := range isolatedDBs(t) { // the last-admin rule counts every account
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			s := newTestServer(t, db)
 			root := dashOperator(t, db, models.RoleAdmin, nil)

@@ -1,14 +1,17 @@
 package web
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
+	"github.com/stretchr/testify/require"
 )
 
 // dbs is the package's real databases, PostgreSQL and SQLite (no mocks).
@@ -38,4 +41,28 @@ func newLoggingTestServer(t *testing.T, db *models.DB, log *slog.Logger) *Server
 		Pool:      db.Pool,
 		Sessions:  NewSessionStorage(db),
 	})
+}
+
+// isolatedDBs returns a new, migrated PostgreSQL database and SQLite file that only the calling
+// test uses (both dropped or removed after it), for assertions over every row: the last-admin
+// rule counts every account, the reaper and the reconciliation gauge see every tenant.
+func isolatedDBs(t *testing.T) []*models.DB {
+	t.Helper()
+	ctx := context.Background()
+	pgURL, drop, err := modeltest.CreatePostgres()
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	var out []*models.DB
+	for _, opts := range []models.OpenOptions{
+		{DatabaseURL: pgURL, MaxConns: 16},
+		{SQLitePath: filepath.Join(t.TempDir(), "isolated.db")},
+	} {
+		db, err := models.Open(ctx, opts)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		_, err = models.Migrate(ctx, db, nil)
+		require.NoError(t, err)
+		out = append(out, db)
+	}
+	return out
 }

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/models"
-	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -78,30 +76,6 @@ func (sc scrape) value(t *testing.T, name string) float64 {
 	return v
 }
 
-// freshDBs returns a new, migrated database of each dialect that only this test uses, so that
-// it can assert exact counts of what the reaper and the reconciliation gauge see across all
-// tenants.
-func freshDBs(t *testing.T) []*models.DB {
-	t.Helper()
-	ctx := context.Background()
-	pgURL, drop, err := modeltest.CreatePostgres()
-	require.NoError(t, err)
-	t.Cleanup(drop)
-	var out []*models.DB
-	for _, opts := range []models.OpenOptions{
-		{DatabaseURL: pgURL, MaxConns: 16},
-		{SQLitePath: filepath.Join(t.TempDir(), "metrics.db")},
-	} {
-		db, err := models.Open(ctx, opts)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		_, err = models.Migrate(ctx, db, nil)
-		require.NoError(t, err)
-		out = append(out, db)
-	}
-	return out
-}
-
 // namedTenantClient creates tenant name with an API key on s.
 func namedTenantClient(t *testing.T, s *Server, name string) *apiClient {
 	t.Helper()
@@ -114,7 +88,7 @@ func namedTenantClient(t *testing.T, s *Server, name string) *apiClient {
 // the API and the dashboard, in two tenants, a reaper pass that expires a hold and one that
 // purges evidence; then one scrape, whose series must hold exactly what happened.
 func TestMetricsCountEveryDecision(t *testing.T) {
-	for _, db := range freshDBs(t) {
+	for _, db := range isolatedDBs(t) {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			ctx := context.Background()
 			s := newTestServer(t, db)

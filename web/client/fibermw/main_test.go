@@ -24,38 +24,16 @@ var dbs *modeltest.Set
 
 func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
 
-// eachDB runs fn in a parallel subtest per dialect, each with its own idemgate server.
+// Shorthands for the servertest helpers every test here uses.
 func eachDB(t *testing.T, fn func(t *testing.T, srv *servertest.Server)) {
-	t.Helper()
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			t.Parallel()
-			fn(t, servertest.Start(t, db))
-		})
-	}
+	servertest.Each(t, dbs.All(), fn)
 }
 
 func newClient(t *testing.T, srv *servertest.Server, opts ...client.Option) *client.Client {
-	t.Helper()
-	c, err := client.New(srv.URL, srv.APIKey, append([]client.Option{client.WithHTTPClient(ownTransport(t))}, opts...)...)
-	require.NoError(t, err)
-	return c
+	return servertest.NewClient(t, srv, opts...)
 }
 
-// ownTransport returns an HTTP client with its own connection pool, whose idle connections
-// are closed when the test ends, before the servers shut down (which otherwise wait for
-// them).
-func ownTransport(t *testing.T) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}
-}
-
-func testCtx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
+func testCtx(t *testing.T) context.Context { return servertest.Ctx(t) }
 
 // serve runs app on a real TCP port of 127.0.0.1 until the test ends and returns its base URL.
 func serve(t *testing.T, app *fiber.App) string {

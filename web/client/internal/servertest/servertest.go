@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web"
+	"github.com/idemgate/idemgate/web/client"
 )
 
 // Server is a running idemgate server.
@@ -211,4 +213,43 @@ func (p *Proxy) forward(c net.Conn) {
 	delete(p.conns, c)
 	delete(p.conns, up)
 	p.mu.Unlock()
+}
+
+// Each runs fn in a parallel subtest per database of dbs, each with its own idemgate server.
+func Each(t *testing.T, dbs []*models.DB, fn func(t *testing.T, srv *Server)) {
+	t.Helper()
+	for _, db := range dbs {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			t.Parallel()
+			fn(t, Start(t, db))
+		})
+	}
+}
+
+// NewClient returns a client of srv with its tenant's API key and a connection pool of its
+// own (OwnTransport); opts come after, so they may replace it.
+func NewClient(t *testing.T, srv *Server, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(srv.URL, srv.APIKey, append([]client.Option{client.WithHTTPClient(OwnTransport(t))}, opts...)...)
+	if err != nil {
+		t.Fatalf("client.New: %v", err)
+	}
+	return c
+}
+
+// OwnTransport returns an HTTP client with its own connection pool, whose idle connections
+// are closed when the test ends, before the servers shut down (which otherwise wait for
+// them).
+func OwnTransport(t *testing.T) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+// Ctx returns a context for one test step, bounded by a minute so that a hang fails the test
+// instead of blocking it.
+func Ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c
 }
