@@ -27,6 +27,7 @@ type Config struct {
 	LogFormat       string        // IDEMGATE_LOG_FORMAT, "json" or "text"; default text on a terminal, else json
 	LogLevel        slog.Level    // IDEMGATE_LOG_LEVEL, debug, info, warn or error; default info
 	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
+	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
 }
 
 // LoadConfig reads Config through getenv and validates it; every problem is reported at once.
@@ -38,6 +39,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		AdminPassword:   getenv("IDEMGATE_ADMIN_PASSWORD"),
 		BootstrapAPIKey: getenv("IDEMGATE_BOOTSTRAP_API_KEY"),
 		LogFormat:       getenv("IDEMGATE_LOG_FORMAT"),
+		MetricsToken:    getenv("IDEMGATE_METRICS_TOKEN"),
 	}
 	var errs []error
 	dur := func(name string, def time.Duration, dst *time.Duration) {
@@ -90,6 +92,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			c.LogLevel = slog.LevelError
 		default:
 			errs = append(errs, fmt.Errorf("IDEMGATE_LOG_LEVEL=%q: want debug, info, warn or error", v))
+		}
+	}
+	if c.MetricsToken != "" {
+		if msg := services.ValidateAPIKeySecret(c.MetricsToken); msg != "" {
+			errs = append(errs, fmt.Errorf("IDEMGATE_METRICS_TOKEN %s", msg))
 		}
 	}
 	if c.BootstrapAPIKey != "" {

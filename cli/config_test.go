@@ -25,18 +25,20 @@ func TestLoadConfigDefaults(t *testing.T) {
 
 func TestLoadConfigParsesAndReportsEveryProblem(t *testing.T) {
 	c, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "7d", "IDEMGATE_RETENTION": "36h", "IDEMGATE_REAP_INTERVAL": "5",
-		"IDEMGATE_LOG_LEVEL": "DEBUG"}))
+		"IDEMGATE_LOG_LEVEL": "DEBUG", "IDEMGATE_METRICS_TOKEN": "prometheus_scrape_token_0123"}))
 	require.NoError(t, err)
 	require.Equal(t, slog.LevelDebug, c.LogLevel)
+	require.Equal(t, "prometheus_scrape_token_0123", c.MetricsToken)
 	require.Equal(t, 7*24*time.Hour, c.MaxTTL)
 	require.Equal(t, 36*time.Hour, c.Retention)
 	require.Equal(t, 5*time.Second, c.ReapInterval)
 
 	_, err = LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "soon", "IDEMGATE_DB_MAX_CONNS": "0",
 		"IDEMGATE_BOOTSTRAP_API_KEY": "short", "IDEMGATE_ADMIN_PASSWORD": "tiny", "IDEMGATE_LOG_FORMAT": "xml",
-		"IDEMGATE_LOG_LEVEL": "loud"}))
+		"IDEMGATE_LOG_LEVEL": "loud", "IDEMGATE_METRICS_TOKEN": "short token"}))
 	require.Error(t, err)
-	for _, name := range []string{"IDEMGATE_MAX_TTL", "IDEMGATE_DB_MAX_CONNS", "IDEMGATE_BOOTSTRAP_API_KEY", "IDEMGATE_ADMIN_PASSWORD", "IDEMGATE_LOG_FORMAT", "IDEMGATE_LOG_LEVEL"} {
+	for _, name := range []string{"IDEMGATE_MAX_TTL", "IDEMGATE_DB_MAX_CONNS", "IDEMGATE_BOOTSTRAP_API_KEY", "IDEMGATE_ADMIN_PASSWORD", "IDEMGATE_LOG_FORMAT", "IDEMGATE_LOG_LEVEL",
+		"IDEMGATE_METRICS_TOKEN"} {
 		require.Contains(t, err.Error(), name)
 	}
 }

@@ -49,7 +49,7 @@ func serve(ctx context.Context, env Env) error {
 	}
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
-		Sessions: web.NewSessionStorage(db), SecureCookies: cfg.SecureCookies,
+		Sessions: web.NewSessionStorage(db), SecureCookies: cfg.SecureCookies, MetricsToken: cfg.MetricsToken,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()

@@ -29,18 +29,24 @@ func newTestServer(t *testing.T, db *models.DB) *Server {
 // newLoggingTestServer is newTestServer logging to log.
 func newLoggingTestServer(t *testing.T, db *models.DB, log *slog.Logger) *Server {
 	t.Helper()
+	return New(testConfig(t, db, log))
+}
+
+// testConfig is the Config of newTestServer, for tests that change a field of it.
+func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
+	t.Helper()
 	sqlDB, err := db.SQL()
 	if err != nil {
 		t.Fatalf("sql DB: %v", err)
 	}
-	return New(Config{
+	return Config{
 		Admission: services.NewAdmission(db, log, 0),
 		Auth:      services.NewAuth(db, log),
 		Log:       log,
 		DB:        sqlDB,
 		Pool:      db.Pool,
 		Sessions:  NewSessionStorage(db),
-	})
+	}
 }
 
 // isolatedDBs returns a new, migrated PostgreSQL database and SQLite file that only the calling

@@ -2,8 +2,11 @@ package web
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"database/sql"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -159,6 +162,25 @@ func methodLabel(m string) string {
 		return fiber.MethodOptions
 	}
 	return "OTHER"
+}
+
+// metricsGuard lets GET /metrics through when token is empty (SPEC.md §4: no auth), else only
+// with "Authorization: Bearer <token>"; anything else is 401 unauthorized. The comparison is
+// of SHA-256 digests in constant time, so timing tells nothing about the token.
+func metricsGuard(token string) fiber.Handler {
+	if token == "" {
+		return func(c *fiber.Ctx) error { return c.Next() }
+	}
+	want := sha256.Sum256([]byte(token))
+	return func(c *fiber.Ctx) error {
+		got, ok := strings.CutPrefix(c.Get(fiber.HeaderAuthorization), "Bearer ")
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="idemgate-metrics"`)
+			return services.ErrUnauthorized
+		}
+		return c.Next()
+	}
 }
 
 // registerDBStats exports the database/sql pool statistics of stats under go_sql_* (SQLite:

@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -353,4 +354,24 @@ func TestReconciliationCollectorBoundsDatabaseWork(t *testing.T) {
 	now = now.Add(reconciliationMaxAge)
 	require.Equal(t, map[string]float64{"idemgate_operations_needing_reconciliation,tenant=shop": 3,
 		"idemgate_reconciliation_query_errors_total": 2}, gather(), "recovers by itself")
+}
+
+// TestMetricsToken: with IDEMGATE_METRICS_TOKEN set, /metrics answers only that bearer token;
+// an API key, a wrong token or none is 401 unauthorized (problem+json, WWW-Authenticate).
+func TestMetricsToken(t *testing.T) {
+	cfg := testConfig(t, dbs.SQLite, slog.New(slog.DiscardHandler))
+	const token = "metrics_token_0123456789abcdef"
+	cfg.MetricsToken = token
+	s := New(cfg)
+	tenant := newTenantClient(t, s)
+	for _, c := range []*apiClient{{t: t, s: s}, {t: t, s: s, key: token + "x"}, {t: t, s: s, key: token[1:]}, tenant} {
+		res := problemOf(t, c.do("GET", "/metrics", nil), 401, "unauthorized")
+		require.Equal(t, `Bearer realm="idemgate-metrics"`, res.header.Get("WWW-Authenticate"))
+		require.NotContains(t, res.raw, "idemgate_")
+	}
+	ok := (&apiClient{t: t, s: s, key: token}).do("GET", "/metrics", nil)
+	require.Equal(t, 200, ok.status)
+	require.Contains(t, ok.raw, "idemgate_http_request_duration_seconds")
+	// The API is unaffected.
+	require.Equal(t, 201, acquire(tenant, "metrics-token-"+dashRandom(), nil).status)
 }

@@ -5,11 +5,11 @@ import (
 )
 
 // routes lists every route of the service (SPEC.md §4 and §5).
-func (s *Server) routes(metricsHandler fiber.Handler) {
+func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	app := s.app
 	app.Get("/healthz", s.handleHealthz)
 	app.Get("/readyz", s.handleReadyz)
-	app.Get("/metrics", metricsHandler)
+	app.Get("/metrics", metricsGuard, metricsHandler)
 	app.Get("/openapi.json", handleOpenAPI)
 
 	v1 := app.Group("/v1", identityEncoding, apiAuth(s.auth, s.authFails))

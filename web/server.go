@@ -33,6 +33,9 @@ type Config struct {
 	// Pool is the PostgreSQL connection pool under DB (models.DB.Pool), nil on SQLite. Its
 	// statistics are exported as idemgate_db_pool_*.
 	Pool *pgxpool.Pool
+	// MetricsToken, when not empty, is the bearer token GET /metrics requires: the metrics name
+	// tenants and their volumes, and SPEC.md §4 leaves the endpoint unauthenticated by default.
+	MetricsToken string
 	// Sessions stores dashboard sessions; use NewSessionStorage for the database-backed one, so
 	// any instance serves any operator and restarts log nobody out (SPEC.md §5).
 	Sessions fiber.Storage
@@ -96,7 +99,7 @@ func New(cfg Config) *Server {
 	s.app.Use(s.observe)
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
 	s.app.Use(rejectAmbiguousLength)
-	s.routes(adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	s.routes(metricsGuard(cfg.MetricsToken), adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	return s
 }
 
