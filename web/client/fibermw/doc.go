@@ -62,8 +62,8 @@
 //     retry after it gets the stored status, allow-listed headers (Config.ReplayHeaders) and
 //     body byte for byte, with Idempotent-Replayed: true.
 //   - The same key with a different request — method, path, query, media type, body
-//     (JSON compared after RFC 8785 canonicalisation, so member order and white space do not
-//     matter), or Authorization — is refused with 422, never answered with another request's
+//     (JSON compared in a canonical form: member order, white space and number spelling do
+//     not matter, and every number is compared exactly, never as a float64), or Authorization — is refused with 422, never answered with another request's
 //     response.
 //   - Keys are scoped by method and route pattern (Config.Scope, Config.KeyPrefix) and by
 //     idemgate tenant (the client's API key).

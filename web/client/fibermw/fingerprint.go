@@ -8,13 +8,15 @@ import (
 	"mime"
 	"net/url"
 	"strings"
-
-	"github.com/gowebpki/jcs"
 )
 
 // fingerprintVersion starts every fingerprint's input, so a future change of the recipe
 // cannot collide with today's fingerprints.
-const fingerprintVersion = "idemgate-fibermw-fingerprint/1"
+//
+// Version 2 compares JSON numbers exactly (canonicalJSON); version 1 read them as doubles. A
+// retry that spans an upgrade therefore sees a different fingerprint and is refused with 422,
+// the safe direction: never a replay of another request's response.
+const fingerprintVersion = "idemgate-fibermw-fingerprint/2"
 
 // request is what a fingerprint covers.
 type request struct {
@@ -54,17 +56,14 @@ func writePart(h hash.Hash, b []byte) {
 }
 
 // canonicalBody returns a body in a form in which the same content compares equal: a JSON
-// body (media type application/json or any +json) that is valid JSON becomes its RFC 8785
-// (JCS) canonical form, via github.com/gowebpki/jcs, so member order, white space and
-// escape spelling do not matter; any other body is used byte for byte. kind says which, so
-// a raw body can never collide with a canonical one.
-//
-// JCS reads numbers as IEEE-754 doubles (RFC 8785 §3.2.2.3), so two integers beyond 2⁵³ that
-// round to the same double fingerprint alike: send large numbers as strings.
+// body (media type application/json or any +json) that has a canonical form (canonicalJSON)
+// becomes it, so member order, white space, escape spelling and number spelling (1.0, 1e0)
+// do not matter while every number is compared exactly; any other body is used byte for
+// byte. kind says which, so a raw body can never collide with a canonical one.
 func canonicalBody(mt string, body []byte) (kind string, out []byte) {
 	if len(body) > 0 && isJSONType(mt) {
-		if c, err := jcs.Transform(body); err == nil {
-			return "jcs", c
+		if c, err := canonicalJSON(body); err == nil {
+			return "json", c
 		}
 	}
 	return "raw", body

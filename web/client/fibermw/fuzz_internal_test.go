@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/big"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -107,6 +108,40 @@ func FuzzServerKey(f *testing.F) {
 	})
 }
 
+func TestCanonicalNumber(t *testing.T) {
+	for in, want := range map[string]string{
+		"0": "0", "-0": "0", "0.000": "0", "0e5": "0", "-0.0e-3": "0",
+		"1": "1e0", "100": "1e2", "1e2": "1e2", "1.00E+2": "1e2", "10e1": "1e2", "0.01": "1e-2",
+		"-12.5": "-1.25e1", "9007199254740993": "9.007199254740993e15",
+		"9007199254740992": "9.007199254740992e15", "1e400": "1e400", "1E-400": "1e-400",
+		"123.456e-3": "1.23456e-1", "0.10000000000000001": "1.0000000000000001e-1",
+		"1e99999999999999999999": "1e99999999999999999999",
+	} {
+		got, ok := canonicalNumber(in)
+		require.True(t, ok, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "-", "01", "1.", ".1", "1e", "1e+", "1e-", "+1", "1e+-1", "0x1", "1_0", "NaN"} {
+		_, ok := canonicalNumber(in)
+		require.False(t, ok, "%q", in)
+	}
+}
+
+func TestCanonicalJSONRefusesLookAlikes(t *testing.T) {
+	for _, body := range []string{
+		`{"a":1,"a":2}`,        // duplicate member: parsers disagree which one counts
+		`"\ud800"`, `"\udfff"`, // lone surrogates: encoding/json makes both U+FFFD
+		"\"\xff\"", // invalid UTF-8
+		`{"a":1} {"a":1}`, `[1]x`, `{"a":}`, `nul`,
+	} {
+		_, err := canonicalJSON([]byte(body))
+		require.Error(t, err, body)
+	}
+	c, err := canonicalJSON([]byte(` {"b" : [ 1.0 , "\u00fc<>" ], "a":{"d":null,"c":true}} `))
+	require.NoError(t, err)
+	require.Equal(t, `{"a":{"c":true,"d":null},"b":[1e0,"ü<>"]}`, string(c))
+}
+
 // FuzzCanonicalBody: canonicalisation is idempotent, and re-indenting a JSON body never
 // changes its fingerprint.
 func FuzzCanonicalBody(f *testing.F) {
@@ -115,12 +150,12 @@ func FuzzCanonicalBody(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		kind, c := canonicalBody("application/json", body)
-		if kind != "jcs" {
+		if kind != "json" {
 			require.Equal(t, body, c)
 			return
 		}
 		kind2, c2 := canonicalBody("application/json", c)
-		require.Equal(t, "jcs", kind2)
+		require.Equal(t, "json", kind2)
 		require.Equal(t, c, c2, "canonical form is a fixed point")
 		var indented bytes.Buffer
 		if json.Indent(&indented, body, "", "  ") == nil {
@@ -130,6 +165,102 @@ func FuzzCanonicalBody(f *testing.F) {
 			require.Equal(t, fingerprint(r1), fingerprint(r2))
 		}
 	})
+}
+
+// FuzzCanonicalJSONOracle: two JSON documents have the same canonical form exactly when a
+// lossless reference reading (sameValue: numbers as exact rationals with math/big, objects as
+// maps) finds them equal. A float64 reading would fail this for 9007199254740993 against
+// 9007199254740992.
+func FuzzCanonicalJSONOracle(f *testing.F) {
+	for _, p := range [][2]string{
+		{`{"amount":9007199254740993}`, `{"amount":9007199254740992}`},
+		{`[1e2]`, `[100.0]`}, {`0.1`, `0.10000000000000001`}, {`-0`, `0`},
+		{`{"a":1,"b":2}`, `{"b":2,"a":1}`}, {`"\u00fc"`, `"ü"`}, {`1e400`, `1e401`},
+	} {
+		f.Add([]byte(p[0]), []byte(p[1]))
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		ca, errA := canonicalJSON(a)
+		cb, errB := canonicalJSON(b)
+		if errA != nil || errB != nil {
+			return
+		}
+		va, okA := referenceValue(t, a)
+		vb, okB := referenceValue(t, b)
+		if !okA || !okB {
+			return // an exponent too large for the reference to expand
+		}
+		require.Equal(t, sameValue(va, vb), bytes.Equal(ca, cb), "%s vs %s: canonical %s vs %s", a, b, ca, cb)
+	})
+}
+
+// referenceValue decodes a document with numbers kept as text; ok is false when a number's
+// exponent is too large for math/big to expand cheaply.
+func referenceValue(t *testing.T, doc []byte) (any, bool) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	require.NoError(t, dec.Decode(&v), "canonicalJSON accepted what encoding/json refuses: %q", doc)
+	return v, boundedExponents(v)
+}
+
+func boundedExponents(v any) bool {
+	switch x := v.(type) {
+	case json.Number:
+		_, exp, ok := strings.Cut(strings.ToLower(string(x)), "e")
+		return !ok || len(strings.TrimLeft(exp, "+-0")) <= 3
+	case []any:
+		for _, e := range x {
+			if !boundedExponents(e) {
+				return false
+			}
+		}
+	case map[string]any:
+		for _, e := range x {
+			if !boundedExponents(e) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func sameValue(a, b any) bool {
+	switch x := a.(type) {
+	case json.Number:
+		y, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		rx, okx := new(big.Rat).SetString(string(x))
+		ry, oky := new(big.Rat).SetString(string(y))
+		return okx && oky && rx.Cmp(ry) == 0
+	case []any:
+		y, ok := b.([]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if !sameValue(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			w, ok := y[k]
+			if !ok || !sameValue(v, w) {
+				return false
+			}
+		}
+		return true
+	default:
+		return a == b
+	}
 }
 
 // FuzzStoredResponse: whatever a handler answers, the record fits idemgate's 64 KiB and

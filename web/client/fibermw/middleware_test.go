@@ -204,7 +204,7 @@ func TestFingerprint(t *testing.T) {
 		a := send(t, ctx, "POST", s.URL, chargeBody, "Idempotency-Key", key, "Authorization", "Bearer alice")
 		require.Equal(t, 201, a.Status)
 
-		// The same JSON spelled differently is the same request (RFC 8785 canonical form).
+		// The same JSON spelled differently is the same request (canonical form).
 		same := "{ \"order\": \"o-5521\",\n \"currency\": \"EUR\", \"amount\": 12e2 }"
 		b := send(t, ctx, "POST", s.URL, same, "Idempotency-Key", key, "Authorization", "Bearer alice")
 		require.True(t, b.replayed())
@@ -220,6 +220,32 @@ func TestFingerprint(t *testing.T) {
 			require.Equal(t, fibermw.CodeFingerprintMismatch, c.Problem.Code, name)
 		}
 		require.EqualValues(t, 1, s.charges.Load())
+	})
+}
+
+// Numbers in a JSON body are compared exactly: two amounts that are the same float64 are
+// still two different requests (RFC 8785's double reading would replay the first).
+func TestFingerprintComparesNumbersExactly(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		s := newChargeService(t, fibermw.Config{Client: newClient(t, srv)})
+		ctx := testCtx(t)
+		for _, pair := range [][2]string{
+			{`{"amount":9007199254740993}`, `{"amount":9007199254740992}`},
+			{`{"amount":0.1}`, `{"amount":0.10000000000000001}`},
+			{`{"amount":1e400}`, `{"amount":2e400}`},
+			{`{"amount":123456789012345678901234567890}`, `{"amount":123456789012345678901234567891}`},
+		} {
+			key := uuid.NewString()
+			a := send(t, ctx, "POST", s.URL, pair[0], "Idempotency-Key", key, "Authorization", "Bearer alice")
+			require.Equal(t, 201, a.Status, pair[0])
+			b := send(t, ctx, "POST", s.URL, pair[1], "Idempotency-Key", key, "Authorization", "Bearer alice")
+			require.Equal(t, 422, b.Status, "%s after %s replayed the first response", pair[1], pair[0])
+			require.Equal(t, fibermw.CodeFingerprintMismatch, b.Problem.Code)
+			// The same value spelled otherwise is still the same request.
+			c := send(t, ctx, "POST", s.URL, strings.Replace(pair[0], ":", ": ", 1), "Idempotency-Key", key, "Authorization", "Bearer alice")
+			require.True(t, c.replayed(), pair[0])
+		}
+		require.EqualValues(t, 4, s.charges.Load())
 	})
 }
 
