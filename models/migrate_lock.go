@@ -26,24 +26,33 @@ import (
 // once. The key is goose's own (lock.DefaultLockID), so an older release taking goose's session
 // lock on a direct connection and this one still exclude each other.
 type xactLocker struct {
-	cfg  *pgx.ConnConfig
-	conn *pgx.Conn
-	tx   pgx.Tx
+	cfg     *pgx.ConnConfig
+	maxWait time.Duration
+	conn    *pgx.Conn
+	tx      pgx.Tx
 }
+
+// migrationLockWait bounds how long a starting instance waits for another's migrations: the
+// 5 minutes goose's session locker allowed, so a stuck holder fails starts instead of hanging
+// them.
+const migrationLockWait = 5 * time.Minute
 
 // newXactLocker returns a locker that connects with cfg (copied; statements go by the simple
 // protocol, so no prepared statement is left on a pooled server session).
 func newXactLocker(cfg *pgx.ConnConfig) *xactLocker {
 	c := cfg.Copy()
 	c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	return &xactLocker{cfg: c}
+	return &xactLocker{cfg: c, maxWait: migrationLockWait}
 }
 
-// Lock waits, until ctx ends, for the migration lock; db is unused (see xactLocker).
+// Lock waits, until ctx ends or l.maxWait has passed, for the migration lock; db is unused
+// (see xactLocker).
 func (l *xactLocker) Lock(ctx context.Context, _ *sql.DB) error {
 	if l.tx != nil {
 		return errors.New("migration lock already held")
 	}
+	ctx, cancel := context.WithTimeout(ctx, l.maxWait)
+	defer cancel() // bounds the wait only: the lock's transaction outlives Lock
 	conn, err := pgx.ConnectConfig(ctx, l.cfg)
 	if err != nil {
 		return fmt.Errorf("connect for the migration lock: %w", err)
@@ -69,7 +78,7 @@ func (l *xactLocker) Lock(ctx context.Context, _ *sql.DB) error {
 		select {
 		case <-ctx.Done():
 			_ = conn.Close(context.WithoutCancel(ctx))
-			return fmt.Errorf("wait for the migration lock: %w", ctx.Err())
+			return fmt.Errorf("wait for the migration lock (another instance is migrating): %w", ctx.Err())
 		case <-time.After(wait):
 		}
 	}
