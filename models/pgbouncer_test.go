@@ -78,14 +78,16 @@ func startPgBouncer(t *testing.T, poolSize int) *pgbouncer {
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	require.NoError(t, ln.Close())
 
-	// pgbouncer refuses to run as root; -u drops to an unprivileged user after reading its
-	// files, which are world-readable (they hold no secret: trust auth).
+	// pgbouncer refuses to run as root; -u drops to an unprivileged user after it has read its
+	// files, so they stay private to us.
 	dir, err := os.MkdirTemp("", "idemgate-pgbouncer-")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	require.NoError(t, os.Chmod(dir, 0o755))
 	users := filepath.Join(dir, "users.txt")
-	require.NoError(t, os.WriteFile(users, fmt.Appendf(nil, "%q \"\"\n", admin.User.Username()), 0o644))
+	// With trust auth pgbouncer checks no client, and logs in to PostgreSQL with the password of
+	// the auth_file (TEST_DATABASE_URL's, if it has one).
+	password, _ := admin.User.Password()
+	require.NoError(t, os.WriteFile(users, fmt.Appendf(nil, "%q %q\n", admin.User.Username(), password), 0o600))
 	ini := filepath.Join(dir, "pgbouncer.ini")
 	require.NoError(t, os.WriteFile(ini, fmt.Appendf(nil, `[databases]
 * = host=%s port=%s
@@ -100,7 +102,7 @@ pool_mode = transaction
 default_pool_size = %d
 max_client_conn = 500
 ignore_startup_parameters = extra_float_digits
-`, pgHost, pgPort, port, users, poolSize), 0o644))
+`, pgHost, pgPort, port, users, poolSize), 0o600))
 
 	args := []string{ini}
 	if os.Geteuid() == 0 {
