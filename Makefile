@@ -13,8 +13,11 @@ run:
 	$(GO) run .
 
 # The whole test: start PostgreSQL if needed, static checks, then every test with the race
-# detector against real PostgreSQL and SQLite databases, then the browser tests (e2e).
+# detector against real PostgreSQL and SQLite databases (models' tests also go through a
+# pgbouncer they start: .ci/pgbouncer.sh installs Debian's when missing), then the browser
+# tests (e2e).
 test: check
+	.ci/pgbouncer.sh
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	@$(MAKE) --no-print-directory e2e
 	@$(MAKE) --no-print-directory fuzz

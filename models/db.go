@@ -8,13 +8,14 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -122,6 +123,14 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 		pc.MaxConns = int32(opts.MaxConns)
 	}
 	pc.MaxConnIdleTime = 5 * time.Minute
+	// pgx's default caches a named prepared statement per connection. Behind a pooler in
+	// transaction mode (PgBouncer's pool_mode=transaction) each transaction may get another
+	// server session, where that name already exists (42P05) or does not (26000). Caching only
+	// the statement's description and sending it unnamed keeps one round trip and leaves nothing
+	// on the server; a DATABASE_URL that names default_query_exec_mode keeps its own choice.
+	if !strings.Contains(opts.DatabaseURL, "default_query_exec_mode") {
+		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
@@ -167,8 +176,9 @@ func (d *DB) Now(ctx context.Context, tx *gorm.DB) (time.Time, error) {
 	return now.UTC(), nil
 }
 
-// Migrate applies every pending migration of d's dialect, under goose's session lock on
-// PostgreSQL so that several instances starting at once migrate exactly once. It returns the
+// Migrate applies every pending migration of d's dialect, under a transaction-scoped advisory
+// lock on PostgreSQL (xactLocker: no session state, so it holds behind PgBouncer in transaction
+// mode too) so that several instances starting at once migrate exactly once. It returns the
 // number of migrations applied.
 func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 	sqlDB, err := d.DB.DB()
@@ -183,11 +193,7 @@ func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 	gd := goose.DialectSQLite3
 	if d.Dialect == Postgres {
 		gd = goose.DialectPostgres
-		locker, err := lock.NewPostgresSessionLocker()
-		if err != nil {
-			return 0, err
-		}
-		opts = append(opts, goose.WithSessionLocker(locker))
+		opts = append(opts, goose.WithLocker(newXactLocker(d.Pool.Config().ConnConfig)))
 	}
 	p, err := goose.NewProvider(gd, sqlDB, sub, opts...)
 	if err != nil {
