@@ -96,7 +96,8 @@ func (IdemKey) TableName() string { return "idem_keys" }
 
 // Operation is one admitted attempt and its durable evidence (SPEC.md §2). ID is a UUID string.
 // Metadata and OutcomeResponse hold raw JSON text. OwnerTokenHash is the hex SHA-256 of the owner
-// token. EndedAt is set when the operation reaches a state in which retention may purge it
+// token. APIKeyID is the API key whose acquire created the operation, the only caller whose
+// attempt_id retry is honoured (nil for operations created before it was recorded). EndedAt is set when the operation reaches a state in which retention may purge it
 // (succeeded, failed, released).
 type Operation struct {
 	ID              string
@@ -106,6 +107,7 @@ type Operation struct {
 	Fingerprint     *string
 	CorrelationID   *string
 	AttemptID       *string
+	APIKeyID        *int64
 	Metadata        *string
 	State           string
 	StateReason     *string

@@ -92,7 +92,7 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 
 // acquireRow is the admission decision as both dialects report it; on PostgreSQL it is the row
 // returned by acquireSQL, in the column order of the idemgate_acquire function
-// (models/migrations/postgres/00002).
+// (models/migrations/postgres/00003, as first defined in 00002).
 type acquireRow struct {
 	Result              string
 	Readmitted          bool
@@ -126,11 +126,20 @@ type acquireRow struct {
 }
 
 // Acquire asks whether this attempt may run the operation named by in.Key in p's tenant
-// (SPEC.md §4). It returns an Acquisition with Admitted true (201) for a free key or an
-// attempt_id retry, Admitted false with the holder's Operation for a duplicate (200), or an
+// (SPEC.md §4). It returns an Acquisition with Admitted true (201, always with State
+// in_progress: "run the effect now") for a free key or an attempt_id retry, Admitted false with
+// the holder's Operation for a duplicate (200), or an
 // error: ErrInvalidRequest with Fields, ErrFingerprintMismatch (422) for a held key with a
 // different fingerprint or operation name, ErrStoreUnavailable. Every call that passes
 // validation is logged as an attempt in the same transaction as the decision.
+//
+// An attempt_id retry (the key held by the operation that in.AttemptID created) gets that
+// operation back, with a fresh owner token, only when p is the API key that created it
+// (p.APIKeyID) and the operation is still in_progress. Every key of a tenant can read
+// attempt_ids from the attempt log, so from any other key the attempt_id counts as absent
+// (duplicate or ErrFingerprintMismatch) and cannot take an owner token; and once the
+// operation has an outcome, whoever set it, a 201 would tell the caller to run the effect
+// again, so the retry is an ordinary duplicate, logged as one.
 func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (*Acquisition, error) {
 	meta, err := in.validate(a.maxTTL)
 	if err != nil {
@@ -188,9 +197,9 @@ ins AS (
   ON CONFLICT (tenant_id, key) DO NOTHING
   RETURNING acquired_at, expires_at
 ), op AS (
-  INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id, attempt_id, metadata,
-                          state, fencing_token, owner_token_hash, acquired_at, expires_at)
-  SELECT $10::uuid, $1, $2, $4, $5, $6, $8, $7::json,
+  INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id, attempt_id, api_key_id,
+                          metadata, state, fencing_token, owner_token_hash, acquired_at, expires_at)
+  SELECT $10::uuid, $1, $2, $4, $5, $6, $8, $12::bigint, $7::json,
          'in_progress', 1, $11, acquired_at, expires_at FROM ins
   RETURNING *
 ), att AS (
@@ -211,7 +220,7 @@ SELECT 'admitted' AS result, false AS readmitted, op.acquired_at AS db_now, NULL
   FROM op
 UNION ALL
 SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::text, $7::json,
-                                 $8::text, $9::text, $10::uuid, $11::text) f
+                                 $8::text, $9::text, $10::uuid, $11::text, $12::bigint) f
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (a *Admission) acquirePostgres(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
@@ -239,7 +248,7 @@ func (a *Admission) acquirePostgresOnce(ctx context.Context, p Principal, in Acq
 	// 3 KB statement and interpolated it for its trace logger on every call, which cost more CPU
 	// than the rest of the request. pgx caches the prepared statement per connection.
 	return a.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
-		in.CorrelationID, jsonArg(meta), in.AttemptID, p.Prefix, opID, ownerHash).Scan(
+		in.CorrelationID, jsonArg(meta), in.AttemptID, p.Prefix, opID, ownerHash, p.APIKeyID).Scan(
 		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
 		&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
 		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,

@@ -20,7 +20,7 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 		newOp := models.Operation{
 			ID: opID, TenantID: p.TenantID, Key: in.Key, OperationName: in.Operation,
 			Fingerprint: in.Fingerprint, CorrelationID: in.CorrelationID, AttemptID: in.AttemptID,
-			Metadata: jsonArg(meta), State: models.StateInProgress, OwnerTokenHash: ownerHash,
+			APIKeyID: &p.APIKeyID, Metadata: jsonArg(meta), State: models.StateInProgress, OwnerTokenHash: ownerHash,
 			AcquiredAt: now, ExpiresAt: expires,
 		}
 		row.DBNow = now
@@ -53,7 +53,11 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 					Update("conflict_attempts", gorm.Expr("conflict_attempts + 1")).Error; err != nil {
 					return err
 				}
-			case in.AttemptID != nil && h.AttemptID != nil && *h.AttemptID == *in.AttemptID:
+			case in.AttemptID != nil && h.AttemptID != nil && *h.AttemptID == *in.AttemptID &&
+				h.APIKeyID != nil && *h.APIKeyID == p.APIKeyID && h.State == models.StateInProgress:
+				// Only the creating API key's retry, and only while the effect may still be
+				// running, gets its operation back (see Acquire); the immediate transaction
+				// keeps the state we read current.
 				if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).
 					Update("owner_token_hash", ownerHash).Error; err != nil {
 					return err

@@ -6,8 +6,9 @@ import (
 )
 
 // Principal is the authenticated caller of the JSON API: the tenant its API key belongs to
-// (id and name), and the key's display prefix (recorded as the caller of attempts).
-// TenantName labels metrics only; authorisation is always by TenantID.
+// (id and name), the key's id (stored on the operations it creates: only that key's
+// attempt_id retries are honoured) and its display prefix (recorded as the caller of
+// attempts). TenantName labels metrics only; authorisation is always by TenantID.
 type Principal struct {
 	TenantID   int64
 	TenantName string

@@ -116,7 +116,13 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 // Errors (*Problem, match with errors.Is): ErrFingerprintMismatch (422: the key is held by a
 // request with another fingerprint or operation name), ErrInvalidRequest (with Errors),
 // ErrPayloadTooLarge, ErrUnauthorized, ErrRateLimited and ErrStoreUnavailable (after
-// retries); otherwise a network error or the context's error.
+// retries); ErrUnexpectedAnswer for a 2xx that is neither a 201 with state in_progress nor a
+// 200 duplicate with its operation (never reported as admitted: do not run the effect, read
+// the key or operation to reconcile); otherwise a network error or the context's error.
+//
+// A retry with the same attempt_id after the operation got an outcome (whoever recorded it)
+// is answered as a duplicate, with that outcome; so is an attempt_id sent by another API key
+// than the one that acquired, since the server honours an attempt_id only for its creator.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResult, error) {
 	if req.TTL%time.Second != 0 {
 		return nil, invalidArgument("ttl_seconds", "TTL must be a whole number of seconds")
@@ -142,14 +148,19 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResul
 	}
 	res := &AcquireResult{Key: ans.Key, AttemptID: body.AttemptID}
 	switch {
-	case status == http.StatusCreated && ans.Admitted:
+	case status == http.StatusCreated && ans.Admitted && ans.Admission.State == StateInProgress:
+		// Admitted tells the caller to run the effect, so it is reported only for exactly
+		// what the server promises that for. A 201 with any other state (a faulty server or
+		// proxy) falls to the error below: not admitted, and not a duplicate either, since
+		// it carries no operation to return.
 		adm := ans.Admission
 		res.Admitted = &adm
 	case status == http.StatusOK && !ans.Admitted && ans.Operation != nil:
 		ans.Operation.normalize()
 		res.Duplicate = ans.Operation
 	default:
-		return nil, wrapf(http.MethodPost, "/v1/acquire", fmt.Errorf("unexpected answer: status %d, admitted %t", status, ans.Admitted))
+		return nil, wrapf(http.MethodPost, "/v1/acquire", fmt.Errorf("%w: status %d, admitted %t, state %q",
+			ErrUnexpectedAnswer, status, ans.Admitted, ans.Admission.State))
 	}
 	return res, nil
 }

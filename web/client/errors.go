@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"mime"
 	"net/http"
@@ -49,6 +50,12 @@ var (
 	ErrRateLimited         = &Problem{Code: CodeRateLimited, Title: "Rate limited"}
 	ErrInternal            = &Problem{Code: CodeInternal, Title: "Internal error"}
 )
+
+// ErrUnexpectedAnswer is wrapped by the error of a call whose 2xx answer does not have the
+// shape the API promises for it, e.g. an acquire answered 201 with a state other than
+// in_progress. It is not a *Problem: no problem code was sent. The call's effect on the server
+// is unknown, so treat it as not admitted and reconcile by reading the key or operation.
+var ErrUnexpectedAnswer = errors.New("unexpected answer")
 
 // FieldError names one invalid request field (the problem's `errors` member).
 type FieldError struct {

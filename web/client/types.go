@@ -68,7 +68,8 @@ type AcquireRequest struct {
 	// empty and the client generates a random UUID; either way the same id is sent on every
 	// retry of the call, so a retry after a lost 201 answers 201 again for the same operation
 	// (SPEC.md §4 attempt_id) instead of a duplicate. Set it yourself to retry across calls or
-	// processes.
+	// processes. The server honours it only from the API key that acquired and only while the
+	// operation is in_progress; otherwise the retry is an ordinary duplicate (Duplicate set).
 	AttemptID string
 	// Metadata is any value that marshals to a JSON object of at most 16 KiB, stored with the
 	// operation for operators. nil is absent.
