@@ -83,6 +83,11 @@ type OperatorOperation struct {
 	// Generations are the key's operations by fencing token, oldest first: at most the newest
 	// MaxGenerations.
 	Generations []Generation
+	// PossibleDuplicateOf are the key's earlier operations (lower fencing tokens) in state
+	// succeeded or uncertain, newest first, at most MaxGenerations: this operation was admitted
+	// while each had succeeded or was uncertain, so its effect may duplicate theirs (the audit's
+	// "possible duplicate effect", judged the same way). Empty for none.
+	PossibleDuplicateOf []Generation
 	// Now is the database time the page was read at, the clock that decides expiry.
 	Now time.Time
 }
@@ -263,6 +268,17 @@ func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAcco
 	for _, g := range gens {
 		out.Generations = append(out.Generations, Generation{ID: g.ID, FencingToken: g.FencingToken, State: g.State,
 			AcquiredAt: g.AcquiredAt.UTC()})
+	}
+	var earlier []models.Operation
+	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
+		Where("tenant_id = ? AND key = ? AND fencing_token < ? AND state IN ?", m.TenantID, m.Key, m.FencingToken,
+			[]string{models.StateSucceeded, models.StateUncertain}).
+		Order("fencing_token DESC").Limit(MaxGenerations).Find(&earlier).Error; err != nil {
+		return nil, storeError("get operation", err)
+	}
+	for _, g := range earlier {
+		out.PossibleDuplicateOf = append(out.PossibleDuplicateOf, Generation{ID: g.ID, FencingToken: g.FencingToken,
+			State: g.State, AcquiredAt: g.AcquiredAt.UTC()})
 	}
 	return out, nil
 }

@@ -273,8 +273,13 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 	}
 	for _, g := range d.Generations {
 		at, _ := opPageTime(g.AcquiredAt)
-		p.Generations = append(p.Generations, views.GenerationRow{FencingToken: strconv.FormatInt(g.FencingToken, 10),
+		p.Generations = append(p.Generations, views.GenerationRow{ID: g.ID, FencingToken: strconv.FormatInt(g.FencingToken, 10),
 			State: g.State, AcquiredAt: at, URL: operationURL(g.ID), Current: g.ID == id})
+	}
+	for _, g := range d.PossibleDuplicateOf {
+		at, _ := opPageTime(g.AcquiredAt)
+		p.PossibleDuplicateOf = append(p.PossibleDuplicateOf, views.GenerationRow{ID: g.ID,
+			FencingToken: strconv.FormatInt(g.FencingToken, 10), State: g.State, AcquiredAt: at, URL: operationURL(g.ID)})
 	}
 	return p
 }
