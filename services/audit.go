@@ -83,7 +83,6 @@ type AuditReport struct {
 // PossibleDuplicateEffect is set when the attempt's operation is one. Optional fields are ""
 // when the attempt did not carry them.
 type AuditRow struct {
-	PossibleDuplicateEffect bool
 	TenantName    string
 	Key           string
 	AttemptedAt   time.Time
@@ -93,6 +92,8 @@ type AuditRow struct {
 	Caller        string
 	Fingerprint   string
 	CorrelationID string
+
+	PossibleDuplicateEffect bool
 }
 
 // ResolveAuditFilter fills in f's defaults from the database clock and validates it: To must
