@@ -7,13 +7,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"testing"
 	"time"
 )
 
 // TestAuditCSV: duplicate and conflicting attempts show on the Audit page, a key admitted
-// again after a confirmed success is flagged, and the CSV export downloads and parses.
+// again after a confirmed success is flagged although nobody retried it, and links to the
+// operation page's warning; the CSV export downloads and parses.
 func TestAuditCSV(t *testing.T) {
 	// Two duplicates and one conflict of one key.
 	dup := admit(t, uniqueKey("charge:order"), 3600)
@@ -28,10 +30,8 @@ func TestAuditCSV(t *testing.T) {
 	again := admit(t, uniqueKey("invoice:2026-11"), 1)
 	recordOutcome(t, again, "succeeded", "inv_"+runID)
 	eventually(t, 15*time.Second, "the hold of "+again.Key+" to expire", func() bool { return !getKey(t, again.Key).Held })
+	// No duplicate or conflicting attempt of it: it is audited for the second admission alone.
 	second := admit(t, again.Key, 3600)
-	// and one duplicate of it, so it is on the Audit page.
-	acquire(t, acquireReq{Key: again.Key, TTLSeconds: 3600, Operation: "e2e-charge", Fingerprint: "sha256:e2e"}, http.StatusOK)
-	_ = second
 
 	page := newPage(t)
 	login(t, page, adminUser, adminPassword)
@@ -76,4 +76,13 @@ func TestAuditCSV(t *testing.T) {
 		t.Errorf("CSV rows of %s by result = %v, want 2 duplicate and 1 conflict", dup.Key, results)
 	}
 	t.Logf("CSV %s: %d rows, header %q", download.SuggestedFilename(), len(records)-1, header)
+
+	// The flagged row links to the second operation, whose page names the first one.
+	must(t, rowOf(page, "audit-row", again.Key).GetByTestId("audit-link").Click(), "open the flagged operation")
+	must(t, expect.Page(page).ToHaveURL(regexp.MustCompile(`/operations/`+regexp.QuoteMeta(second.OperationID)+`$`)),
+		"the row links to the second admission")
+	warning := page.GetByTestId("op-possible-duplicate")
+	must(t, expect.Locator(warning).ToBeVisible(), "possible duplicate effect warning")
+	must(t, expect.Locator(warning).ToContainText(again.OperationID), "the warning names the earlier operation")
+	shot(t, page, "operation-possible-duplicate")
 }

@@ -124,6 +124,10 @@ type Operation struct {
 	ReleasedAt      *time.Time
 	ReleaseReason   *string
 	EndedAt         *time.Time
+	// UncertainAt is when the operation became uncertain, set by a database trigger on every
+	// path that makes it so (migration 00004) and kept after reconciliation; nil if it never
+	// was. The reconciliation queue is ordered by it.
+	UncertainAt *time.Time
 	// DuplicateAttempts and ConflictAttempts count the attempts answered about this operation
 	// as duplicate or conflict, kept on the row so reading them is O(1).
 	DuplicateAttempts int64

@@ -31,13 +31,20 @@ type AuditFilter struct {
 	Tenant string
 }
 
-// AuditGroup is the duplicate and conflicting attempts of one (tenant, key) in the range.
-// FirstAt and LastAt are the first and last of those attempts, UTC.
+// AuditGroup is one audited (tenant, key): its duplicate and conflicting attempts in the
+// range, and its admissions in the range that were a possible duplicate effect. FirstAt and
+// LastAt are the first and last duplicate or conflicting attempt, UTC; for a key audited only
+// for a possible duplicate effect, the first and last such admission.
 //
-// PossibleDuplicateEffect is set when the key has an operation in state succeeded and a later
-// operation (a higher fencing token) — that is, the key was admitted again after a confirmed
-// success, so the destination may have seen the effect twice. It is judged over the key's
-// whole stored history, not only the range, and cannot see operations retention has purged.
+// PossibleDuplicateEffect is set when an operation of the key was admitted while an earlier
+// operation of it (a lower fencing token) had succeeded or was uncertain, so the destination
+// may have seen the effect twice. The earlier operation is judged by its state now: one
+// reconciled as failed had no effect, so it flags nothing; one reconciled as succeeded still
+// does. It is judged over the key's whole stored history, not only the range, and cannot see
+// operations retention has purged.
+//
+// OperationID is the operation the row links to: the newest possible duplicate effect when
+// flagged, otherwise the operation the group's last attempt was answered about.
 type AuditGroup struct {
 	TenantID                int64
 	TenantName              string
@@ -47,6 +54,19 @@ type AuditGroup struct {
 	FirstAt                 time.Time
 	LastAt                  time.Time
 	PossibleDuplicateEffect bool
+	OperationID             string
+}
+
+// possibleDuplicateEffectOf is the SQL condition "operation <op> was admitted while an earlier
+// operation of its key had succeeded or was uncertain" (AuditGroup.PossibleDuplicateEffect),
+// for an operation id column op. Only these two states can precede a later admission with an
+// effect possibly done: a succeeded one after its TTL, an in_progress one that expired (it
+// became uncertain in the takeover's transaction) — released and failed ones had none. The
+// unique index on (tenant_id, key, fencing_token) serves the lookup.
+func possibleDuplicateEffectOf(op string) string {
+	return `EXISTS (SELECT 1 FROM operations pl JOIN operations pe
+	  ON pe.tenant_id = pl.tenant_id AND pe.key = pl.key AND pe.fencing_token < pl.fencing_token
+	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + models.StateSucceeded + `', '` + models.StateUncertain + `'))`
 }
 
 // AuditReport is the Audit page: the resolved filter and the groups, most recent last attempt
@@ -58,7 +78,9 @@ type AuditReport struct {
 	Truncated bool
 }
 
-// AuditRow is one duplicate or conflicting attempt, for the CSV export. Optional fields are ""
+// AuditRow is one audited attempt, for the CSV export: a duplicate or conflicting attempt, or
+// the admission of an operation that was a possible duplicate effect (see AuditGroup).
+// PossibleDuplicateEffect is set when the attempt's operation is one. Optional fields are ""
 // when the attempt did not carry them.
 type AuditRow struct {
 	TenantName    string
@@ -70,6 +92,8 @@ type AuditRow struct {
 	Caller        string
 	Fingerprint   string
 	CorrelationID string
+
+	PossibleDuplicateEffect bool
 }
 
 // ResolveAuditFilter fills in f's defaults from the database clock and validates it: To must
@@ -115,8 +139,9 @@ func (a *Admission) auditScope(ctx context.Context, tenantID *int64, name string
 	return &ts[0].ID, true, nil
 }
 
-// Audit reports the duplicate and conflicting attempts in f's range grouped by (tenant, key),
-// for one tenant or every tenant when tenantID is nil (SPEC.md §5 "Audit"). At most
+// Audit reports the duplicate and conflicting attempts in f's range, and the admissions in it
+// that were a possible duplicate effect, grouped by (tenant, key), for one tenant or every
+// tenant when tenantID is nil (SPEC.md §5 "Audit"). At most
 // MaxAuditGroups groups, most recent last attempt first. Errors: ErrInvalidRequest (bad
 // range, see ResolveAuditFilter), ErrStoreUnavailable.
 func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {
@@ -133,15 +158,20 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 	}
 	tx := a.db.WithContext(ctx)
 	// Like the Overview, this scans the range's attempts without an attempted_at index.
-	q := tx.Model(&models.Attempt{}).
+	// Admissions are few per key but many in all: each is checked with index lookups only.
+	q := tx.Table("attempts a").
 		Select("tenant_id, key, "+
 			"SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS duplicates, "+
 			"SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS conflicts, "+
-			"MIN(attempted_at) AS first_at, MAX(attempted_at) AS last_at", models.ResultDuplicate, models.ResultConflict).
-		Where("result IN ?", []string{models.ResultDuplicate, models.ResultConflict}).
+			"MIN(CASE WHEN result <> ? THEN attempted_at END) AS first_at, "+
+			"MAX(CASE WHEN result <> ? THEN attempted_at END) AS last_at, "+
+			"MIN(attempted_at) AS first_any, MAX(attempted_at) AS last_any, MAX(id) AS last_id",
+			models.ResultDuplicate, models.ResultConflict, models.ResultAdmitted, models.ResultAdmitted).
+		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
+			[]string{models.ResultDuplicate, models.ResultConflict}, models.ResultAdmitted).
 		Where("attempted_at >= ? AND attempted_at < ?", f.From, f.To).
 		Group("tenant_id, key").
-		Order("last_at DESC, tenant_id, key").
+		Order("last_any DESC, tenant_id, key").
 		Limit(MaxAuditGroups + 1)
 	if scope != nil {
 		q = q.Where("tenant_id = ?", *scope)
@@ -153,6 +183,9 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 		Conflicts  int64
 		FirstAt    dbTime
 		LastAt     dbTime
+		FirstAny   dbTime
+		LastAny    dbTime
+		LastID     int64
 	}
 	if err := q.Scan(&rows).Error; err != nil {
 		return nil, storeError("audit", err)
@@ -163,9 +196,10 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 	if len(rows) == 0 {
 		return rep, nil
 	}
-	tenantIDs, keys := []int64{}, []string{}
+	tenantIDs, keys, lastIDs := []int64{}, []string{}, []int64{}
 	seenT, seenK := map[int64]bool{}, map[string]bool{}
 	for _, r := range rows {
+		lastIDs = append(lastIDs, r.LastID)
 		if !seenT[r.TenantID] {
 			seenT[r.TenantID] = true
 			tenantIDs = append(tenantIDs, r.TenantID)
@@ -183,16 +217,16 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 	for _, t := range ts {
 		names[t.ID] = t.Name
 	}
-	// The flag rule of AuditGroup, for the whole page in one query; the unique index on
-	// (tenant_id, key, fencing_token) serves both sides of the join. IN over tenants × keys
-	// may match pairs not on the page; those are simply not looked up.
+	// The flag rule of AuditGroup, for the whole page in one query. IN over tenants × keys may
+	// match pairs not on the page; those are simply not looked up.
 	var flagged []struct {
-		TenantID int64
-		Key      string
+		TenantID     int64
+		Key          string
+		ID           string
+		FencingToken int64
 	}
-	if err := tx.Raw(`SELECT DISTINCT s.tenant_id, s.key FROM operations s
-		JOIN operations l ON l.tenant_id = s.tenant_id AND l.key = s.key AND l.fencing_token > s.fencing_token
-		WHERE s.state = ? AND s.tenant_id IN ? AND s.key IN ?`, models.StateSucceeded, tenantIDs, keys).
+	if err := tx.Raw(`SELECT o.tenant_id, o.key, o.id, o.fencing_token FROM operations o
+		WHERE o.tenant_id IN ? AND o.key IN ? AND `+possibleDuplicateEffectOf("o.id"), tenantIDs, keys).
 		Scan(&flagged).Error; err != nil {
 		return nil, storeError("audit", err)
 	}
@@ -200,21 +234,38 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 		t int64
 		k string
 	}
-	isFlagged := map[tk]bool{}
+	newestFlagged, newestToken := map[tk]string{}, map[tk]int64{}
 	for _, f := range flagged {
-		isFlagged[tk{f.TenantID, f.Key}] = true
+		if k := (tk{f.TenantID, f.Key}); f.FencingToken > newestToken[k] {
+			newestFlagged[k], newestToken[k] = f.ID, f.FencingToken
+		}
+	}
+	var last []models.Attempt
+	if err := tx.Select("id", "operation_id").Where("id IN ?", lastIDs).Find(&last).Error; err != nil {
+		return nil, storeError("audit", err)
+	}
+	lastOp := map[int64]string{}
+	for _, a := range last {
+		lastOp[a.ID] = deref(a.OperationID)
 	}
 	for _, r := range rows {
-		rep.Groups = append(rep.Groups, AuditGroup{
+		g := AuditGroup{
 			TenantID: r.TenantID, TenantName: names[r.TenantID], Key: r.Key,
 			Duplicates: r.Duplicates, Conflicts: r.Conflicts, FirstAt: r.FirstAt.T, LastAt: r.LastAt.T,
-			PossibleDuplicateEffect: isFlagged[tk{r.TenantID, r.Key}],
-		})
+			OperationID: lastOp[r.LastID],
+		}
+		if g.FirstAt.IsZero() { // audited only for its admissions
+			g.FirstAt, g.LastAt = r.FirstAny.T, r.LastAny.T
+		}
+		if id, ok := newestFlagged[tk{r.TenantID, r.Key}]; ok {
+			g.PossibleDuplicateEffect, g.OperationID = true, id
+		}
+		rep.Groups = append(rep.Groups, g)
 	}
 	return rep, nil
 }
 
-// AuditAttempts calls fn with every duplicate or conflicting attempt in f's range, oldest
+// AuditAttempts calls fn with every audited attempt in f's range (see AuditRow), oldest
 // first, for one tenant or every tenant when tenantID is nil. Rows are read from the database
 // one at a time, so an export of any size runs in constant memory. An error from fn stops the
 // export and is returned as is. Errors: ErrInvalidRequest (bad range), ErrStoreUnavailable.
@@ -230,9 +281,11 @@ func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditF
 		return nil
 	}
 	q := a.db.WithContext(ctx).Table("attempts a").
-		Select("t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id").
+		Select("t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
+			"CASE WHEN "+possibleDuplicateEffectOf("a.operation_id")+" THEN 1 ELSE 0 END AS pde").
 		Joins("JOIN tenants t ON t.id = a.tenant_id").
-		Where("a.result IN ?", []string{models.ResultDuplicate, models.ResultConflict}).
+		Where("(a.result IN ? OR (a.result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
+			[]string{models.ResultDuplicate, models.ResultConflict}, models.ResultAdmitted).
 		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
 		Order("a.attempted_at, a.id")
 	if scope != nil {
@@ -248,10 +301,12 @@ func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditF
 			r                     AuditRow
 			at                    dbTime
 			opID, attID, fp, corr sql.NullString
+			pde                   int64
 		)
-		if err := rows.Scan(&r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr); err != nil {
+		if err := rows.Scan(&r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr, &pde); err != nil {
 			return storeError("audit export", err)
 		}
+		r.PossibleDuplicateEffect = pde == 1
 		r.AttemptedAt, r.OperationID, r.AttemptID, r.Fingerprint, r.CorrelationID = at.T, opID.String, attID.String, fp.String, corr.String
 		if err := fn(r); err != nil {
 			return err

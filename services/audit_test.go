@@ -80,17 +80,22 @@ func TestAuditGroupsAndFlags(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, old.Groups)
 
-		// The export streams one row per duplicate or conflicting attempt, oldest first.
+		// The export streams one row per duplicate or conflicting attempt, and the admission
+		// that was a possible duplicate effect, oldest first.
 		var rows []AuditRow
 		require.NoError(t, b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, func(r AuditRow) error {
 			rows = append(rows, r)
 			return nil
 		}))
-		require.Len(t, rows, 4)
-		require.Equal(t, []string{"duplicate", "duplicate", "conflict", "duplicate"},
-			[]string{rows[0].Result, rows[1].Result, rows[2].Result, rows[3].Result})
+		require.Len(t, rows, 5)
+		require.Equal(t, []string{"duplicate", "duplicate", "conflict", "admitted", "duplicate"},
+			[]string{rows[0].Result, rows[1].Result, rows[2].Result, rows[3].Result, rows[4].Result})
+		require.Equal(t, []bool{false, false, false, true, true}, []bool{rows[0].PossibleDuplicateEffect,
+			rows[1].PossibleDuplicateEffect, rows[2].PossibleDuplicateEffect, rows[3].PossibleDuplicateEffect,
+			rows[4].PossibleDuplicateEffect})
 		require.Equal(t, "busy", rows[0].Key)
 		require.Equal(t, "again", rows[3].Key)
+		require.Equal(t, "again", rows[4].Key)
 		require.Equal(t, b.p.Prefix, rows[0].Caller)
 		require.Equal(t, "a", rows[0].Fingerprint)
 		require.NotEmpty(t, rows[0].OperationID)
@@ -125,5 +130,79 @@ func TestAuditRejectsBadRanges(t *testing.T) {
 		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{From: now.Add(-MaxAuditSpan), To: now})
 		require.NoError(t, err)
 		require.Empty(t, rep.Groups)
+	})
+}
+
+// TestAuditPossibleDuplicateEffect: an operation admitted while an earlier operation of its
+// key had succeeded ("resold") or was uncertain ("lost", "reaped") is audited with no
+// duplicate or conflicting attempt at all, linked to that operation; an earlier operation that
+// failed ("failed") or was released ("released") flags nothing, and reconciling an uncertain
+// one as failed ("cleared") clears the flag, as the effect is then known not to have happened.
+func TestAuditPossibleDuplicateEffect(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		first := map[string]*Acquisition{}
+		for _, k := range []string{"resold", "lost", "reaped", "failed", "released", "cleared"} {
+			first[k] = mustAcquire(t, b, k, 1)
+		}
+		mustRecord(t, b, first["resold"], OutcomeInput{Status: models.StateSucceeded})
+		mustRecord(t, b, first["failed"], OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, first["released"], OutcomeInput{Status: models.StateFailed, Release: true})
+		waitExpiry()
+		second := map[string]*Acquisition{"lost": mustAcquire(t, b, "lost", 60)} // uncertain by the takeover
+		_, err := b.reaper.RunOnce(bg)                                           // "reaped" and "cleared" by the reaper
+		require.NoError(t, err)
+		mustRecord(t, b, first["cleared"], OutcomeInput{Status: models.StateFailed})
+		for k := range first {
+			if second[k] == nil {
+				second[k] = mustAcquire(t, b, k, 60)
+			}
+		}
+
+		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{})
+		require.NoError(t, err)
+		got := map[string]AuditGroup{}
+		for _, g := range rep.Groups {
+			got[g.Key] = g
+		}
+		require.Len(t, got, 3, "%+v", rep.Groups)
+		for _, k := range []string{"resold", "lost", "reaped"} {
+			g := got[k]
+			require.True(t, g.PossibleDuplicateEffect, k)
+			require.Equal(t, second[k].OperationID, g.OperationID, k)
+			require.Zero(t, g.Duplicates+g.Conflicts, k)
+			require.False(t, g.FirstAt.IsZero(), k)
+		}
+
+		var rows []AuditRow
+		require.NoError(t, b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, func(r AuditRow) error {
+			rows = append(rows, r)
+			return nil
+		}))
+		require.Len(t, rows, 3)
+		for _, r := range rows {
+			require.Equal(t, models.ResultAdmitted, r.Result)
+			require.Equal(t, second[r.Key].OperationID, r.OperationID)
+			require.True(t, r.PossibleDuplicateEffect)
+		}
+
+		// The detail page's warning names the earlier operation, and only on the later one.
+		acct := &OperatorAccount{Username: "auditor", Role: models.RoleAuditor, TenantID: &b.p.TenantID}
+		for k := range first {
+			d, err := b.adm.OperationForOperator(bg, acct, second[k].OperationID)
+			require.NoError(t, err)
+			var ids []string
+			for _, g := range d.PossibleDuplicateOf {
+				ids = append(ids, g.ID)
+			}
+			if k == "resold" || k == "lost" || k == "reaped" {
+				require.Equal(t, []string{first[k].OperationID}, ids, k)
+			} else {
+				require.Empty(t, ids, k)
+			}
+			d, err = b.adm.OperationForOperator(bg, acct, first[k].OperationID)
+			require.NoError(t, err)
+			require.Empty(t, d.PossibleDuplicateOf, k)
+		}
 	})
 }

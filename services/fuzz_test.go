@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -131,5 +132,25 @@ func FuzzAcquireInputValidate(f *testing.F) {
 				require.LessOrEqual(t, len(out), MaxMetadataBytes)
 			}
 		}
+	})
+}
+
+// FuzzQueueCursor: decoding never panics, accepts only what encoding makes, and round-trips.
+func FuzzQueueCursor(f *testing.F) {
+	for _, s := range []string{"", "x", "MTIzLjQ1Ng", encodeQueueCursor(time.Unix(0, 1764560000123456000), "0b4e7a52-5c1f-4d8e-9a0b-3f2c1d4e5f60"),
+		"MTIzLjBiNGU3YTUyLTVjMWYtNGQ4ZS05YTBiLTNmMmMxZDRlNWY2MA==", "LTEuMGI0ZTdhNTItNWMxZi00ZDhlLTlhMGItM2YyYzFkNGU1ZjYw"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, c string) {
+		at, id, err := decodeQueueCursor(c)
+		if err != nil || c == "" {
+			return
+		}
+		require.Len(t, id, 36)
+		again := encodeQueueCursor(at, id)
+		at2, id2, err := decodeQueueCursor(again)
+		require.NoError(t, err)
+		require.True(t, at.Equal(at2))
+		require.Equal(t, id, id2)
 	})
 }

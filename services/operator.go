@@ -83,6 +83,11 @@ type OperatorOperation struct {
 	// Generations are the key's operations by fencing token, oldest first: at most the newest
 	// MaxGenerations.
 	Generations []Generation
+	// PossibleDuplicateOf are the key's earlier operations (lower fencing tokens) in state
+	// succeeded or uncertain, newest first, at most MaxGenerations: this operation was admitted
+	// while each had succeeded or was uncertain, so its effect may duplicate theirs (the audit's
+	// "possible duplicate effect", judged the same way). Empty for none.
+	PossibleDuplicateOf []Generation
 	// Now is the database time the page was read at, the clock that decides expiry.
 	Now time.Time
 }
@@ -163,6 +168,30 @@ func canAct(acct *OperatorAccount) error {
 	return &Error{Code: CodeUnauthorized, Message: "This account is read-only; only admins and operators may act on operations."}
 }
 
+// CheckMayAct refuses acct's state-changing requests on operation id in the order that keeps
+// existence from leaking: an operation the account may not see (a malformed or unknown id, or
+// another tenant's for a tenant-restricted account) is ErrNotFound whatever the role, and only a
+// visible one is refused as read-only (ErrUnauthorized, auditors). Admins and operators pass
+// without a query; the action itself checks the tenant again. Errors: ErrNotFound,
+// ErrUnauthorized, ErrStoreUnavailable.
+func (a *Admission) CheckMayAct(ctx context.Context, acct *OperatorAccount, id string) error {
+	readOnly := canAct(acct)
+	if readOnly == nil {
+		return nil
+	}
+	id, err := normaliseID(id)
+	if err != nil {
+		return err
+	}
+	if acct == nil {
+		return readOnly
+	}
+	if _, err := a.operatorOpRow(a.db.WithContext(ctx), acct, id); err != nil {
+		return storeError("check operator", err)
+	}
+	return readOnly
+}
+
 // operatorOpRow reads operation id (already normalised) as acct may see it. A tenant-restricted
 // account gets ErrNotFound for other tenants' operations, exactly as for unknown ids, so
 // existence does not leak.
@@ -240,6 +269,17 @@ func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAcco
 		out.Generations = append(out.Generations, Generation{ID: g.ID, FencingToken: g.FencingToken, State: g.State,
 			AcquiredAt: g.AcquiredAt.UTC()})
 	}
+	var earlier []models.Operation
+	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
+		Where("tenant_id = ? AND key = ? AND fencing_token < ? AND state IN ?", m.TenantID, m.Key, m.FencingToken,
+			[]string{models.StateSucceeded, models.StateUncertain}).
+		Order("fencing_token DESC").Limit(MaxGenerations).Find(&earlier).Error; err != nil {
+		return nil, storeError("get operation", err)
+	}
+	for _, g := range earlier {
+		out.PossibleDuplicateOf = append(out.PossibleDuplicateOf, Generation{ID: g.ID, FencingToken: g.FencingToken,
+			State: g.State, AcquiredAt: g.AcquiredAt.UTC()})
+	}
 	return out, nil
 }
 
@@ -263,13 +303,14 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 // in_progress or uncertain becomes succeeded or failed, recorded as the operator's username,
 // with an event in the same transaction. The hold is left alone: a succeeded operation keeps
 // answering duplicates until its TTL, and releasing a failed one is a separate, owner-checked
-// step. An outcome response the caller stored earlier is kept. Errors: ErrUnauthorized (an
-// auditor: read-only), ErrNotFound (as OperationForOperator), ErrInvalidRequest (bad status,
+// step. An outcome response the caller stored earlier is kept. Errors: ErrNotFound (as
+// OperationForOperator, checked first: see CheckMayAct), ErrUnauthorized (an auditor:
+// read-only), ErrInvalidRequest (bad status,
 // receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
 // state; recording the same status and receipt again succeeds and changes nothing),
 // ErrStoreUnavailable.
 func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (_ *Operation, err error) {
-	if err := canAct(acct); err != nil {
+	if err := a.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
 	id, err = normaliseID(id)
@@ -326,15 +367,15 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 // releasable: the operator is explicitly cleaning up, and clearing it changes nothing another
 // attempt relies on.
 //
-// Errors, none of which change anything: ErrUnauthorized (an auditor), ErrNotFound (as
-// OperationForOperator), ErrInvalidRequest (operation_id not the URL's, fencing token not
+// Errors, none of which change anything: ErrNotFound (as OperationForOperator, checked first:
+// see CheckMayAct), ErrUnauthorized (an auditor), ErrInvalidRequest (operation_id not the URL's, fencing token not
 // positive, missing or over-long reason), *HeldByAnotherError (another operation holds the key
 // now; errors.Is ErrNotOwner), ErrKeyNotHeld (nobody holds the key), ErrNotOwner (this
 // operation holds the key under another fencing token than the operator saw),
 // ErrEffectConfirmed (succeeded), ErrOutcomeUncertain (uncertain: reconcile first),
 // ErrInvalidTransition (already released), ErrStoreUnavailable.
 func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
-	if err := canAct(acct); err != nil {
+	if err := a.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
 	id, err = normaliseID(id)

@@ -184,6 +184,27 @@ func handleGetOperation(adm *services.Admission) fiber.Handler {
 	}
 }
 
+// handleListOperations is GET /v1/operations: the reconciliation queue (state=uncertain),
+// oldest first by the time each operation became uncertain.
+func handleListOperations(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		limit, err := queryLimit(c)
+		if err != nil {
+			return err
+		}
+		page, err := adm.ListOperations(c.UserContext(), principal(c).TenantID, services.OperationFilter{
+			State: c.Query("state"), Limit: limit, Cursor: c.Query("cursor")})
+		if err != nil {
+			return err
+		}
+		resp := operationListResponse{Items: make([]operationDTO, 0, len(page.Items)), NextCursor: cursorPtr(page.NextCursor)}
+		for i := range page.Items {
+			resp.Items = append(resp.Items, toOperationDTO(&page.Items[i]))
+		}
+		return c.JSON(resp)
+	}
+}
+
 func handleListAttempts(adm *services.Admission) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		limit, err := queryLimit(c)

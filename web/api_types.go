@@ -139,6 +139,11 @@ type keyListResponse struct {
 	NextCursor *string  `json:"next_cursor"`
 }
 
+type operationListResponse struct {
+	Items      []operationDTO `json:"items"`
+	NextCursor *string        `json:"next_cursor"`
+}
+
 type attemptListResponse struct {
 	Items      []attemptDTO `json:"items"`
 	NextCursor *string      `json:"next_cursor"`

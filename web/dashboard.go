@@ -61,6 +61,7 @@ func (s *Server) dashboardRoutes() {
 
 	app.Get("/keys", pageHeaders, signedIn, csrfProtect, handleKeysPage(s))
 	s.overviewRoutes(csrfProtect)
+	s.queueRoutes(csrfProtect)
 	s.operationRoutes(csrfProtect)
 	s.auditRoutes(csrfProtect)
 	s.adminRoutes(csrfProtect)

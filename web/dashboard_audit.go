@@ -31,7 +31,9 @@ const csvExportTimeout = 10 * time.Minute
 const csvFlushRows = 256
 
 // auditCSVHeader is the export's first row (SPEC.md §5 "CSV export").
-var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id"}
+// possible_duplicate_effect is last, so readers that index the older columns keep working.
+var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id",
+	"possible_duplicate_effect"}
 
 // auditRoutes registers the Audit page and its CSV export (SPEC.md §5). Every role may view
 // both; csrfProtect issues the token of the page's sign-out form.
@@ -97,7 +99,8 @@ func auditProblem(err error) (string, bool) {
 	return "", false
 }
 
-// handleAuditPage is GET /audit: duplicate and conflicting attempts grouped by key.
+// handleAuditPage is GET /audit: duplicate and conflicting attempts, and admissions that were
+// a possible duplicate effect, grouped by key; each row links to its operation.
 func handleAuditPage(s *Server) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		op := currentOperator(c)
@@ -148,6 +151,9 @@ func handleAuditPage(s *Server) fiber.Handler {
 				Last: g.LastAt.UTC().Format(shown), LastISO: g.LastAt.UTC().Format(time.RFC3339Nano),
 				PossibleDuplicateEffect: g.PossibleDuplicateEffect,
 			})
+			if g.OperationID != "" {
+				props.Rows[len(props.Rows)-1].OperationURL = operationURL(g.OperationID)
+			}
 		}
 		return render(c, fiber.StatusOK, views.AuditPage(props))
 	}
@@ -222,6 +228,7 @@ func auditCSVRecord(r services.AuditRow) []string {
 	return []string{
 		csvCell(r.TenantName), csvCell(r.Key), r.AttemptedAt.UTC().Format(time.RFC3339Nano), csvCell(r.Result),
 		csvCell(r.OperationID), csvCell(r.AttemptID), csvCell(r.Caller), csvCell(r.Fingerprint), csvCell(r.CorrelationID),
+		strconv.FormatBool(r.PossibleDuplicateEffect),
 	}
 }
 

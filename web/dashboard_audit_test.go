@@ -144,9 +144,10 @@ func TestDashboardAuditCSV(t *testing.T) {
 		recs, err := csv.NewReader(strings.NewReader(p.body)).ReadAll()
 		require.NoError(t, err)
 		require.Equal(t, []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller",
-			"fingerprint", "correlation_id"}, recs[0])
+			"fingerprint", "correlation_id", "possible_duplicate_effect"}, recs[0])
 		recs = recs[1:]
-		require.Len(t, recs, 5, "one row per duplicate or conflicting attempt of tenant A")
+		require.Len(t, recs, 6, "one row per duplicate or conflicting attempt of tenant A, and the admission after success")
+		flagged := map[string][]string{}
 		results := map[string][]string{}
 		for _, r := range recs {
 			require.Equal(t, f.tenantA, r[0])
@@ -155,9 +156,13 @@ func TestDashboardAuditCSV(t *testing.T) {
 			require.NotEmpty(t, r[4], "operation id")
 			require.Equal(t, f.pA.Prefix, r[6])
 			results[r[1]] = append(results[r[1]], r[3])
+			flagged[r[1]] = append(flagged[r[1]], r[9])
 		}
 		require.Equal(t, []string{"duplicate", "duplicate", "conflict"}, results["dup"])
-		require.Equal(t, []string{"duplicate"}, results["again"])
+		require.Equal(t, []string{"false", "false", "false"}, flagged["dup"])
+		// The admission after success, then the duplicate answered about that admission.
+		require.Equal(t, []string{"admitted", "duplicate"}, results["again"])
+		require.Equal(t, []string{"true", "true"}, flagged["again"])
 		// The formula key is neutralised: a spreadsheet shows it as text.
 		require.Equal(t, []string{"duplicate"}, results["'"+auditFormulaKey])
 		require.NotContains(t, results, auditFormulaKey)
@@ -175,4 +180,73 @@ func TestCSVCell(t *testing.T) {
 	} {
 		require.Equal(t, want, csvCell(in), in)
 	}
+}
+
+// TestDashboardAuditPossibleDuplicateEffect: a key admitted again while its earlier operation
+// had succeeded ("resold") or was uncertain ("lost": its hold expired in progress and the new
+// admission took it over) is audited although nobody sent a duplicate or conflicting attempt:
+// a row on the page linking to the new operation, its admission in the CSV with the operation
+// id, and a warning on the operation's page naming the earlier one. A key whose earlier
+// operation failed and was released ("clean") is not.
+func TestDashboardAuditPossibleDuplicateEffect(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		ctx := context.Background()
+		resold1 := f.opAcquire(t, f.pA, "resold", 1, "")
+		_, err := f.s.adm.RecordOutcome(ctx, f.pA, resold1.OperationID, services.OutcomeInput{OwnerToken: resold1.OwnerToken,
+			Status: "succeeded"})
+		require.NoError(t, err)
+		lost1 := f.opAcquire(t, f.pA, "lost", 1, "")
+		clean1 := f.opAcquire(t, f.pA, "clean", 1, "")
+		_, err = f.s.adm.RecordOutcome(ctx, f.pA, clean1.OperationID, services.OutcomeInput{OwnerToken: clean1.OwnerToken,
+			Status: "failed", Release: true})
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond)
+		resold2 := f.opAcquire(t, f.pA, "resold", 300, "")
+		lost2 := f.opAcquire(t, f.pA, "lost", 300, "")
+		clean2 := f.opAcquire(t, f.pA, "clean", 300, "")
+
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		p := b.get("/audit")
+		require.Equal(t, http.StatusOK, p.status, p.body)
+		require.Equal(t, []auditTableRow{
+			{key: "lost", duplicates: "0", conflicts: "0", flagged: true},
+			{key: "resold", duplicates: "0", conflicts: "0", flagged: true},
+		}, p.auditRows())
+		links := map[string]string{}
+		p.testid("audit-row").Each(func(_ int, s *goquery.Selection) {
+			links[strings.TrimSpace(s.Find(`[data-testid="audit-key"]`).Text())] = s.Find(`[data-testid="audit-link"]`).AttrOr("href", "")
+		})
+		require.Equal(t, map[string]string{"lost": "/operations/" + lost2.OperationID, "resold": "/operations/" + resold2.OperationID}, links)
+
+		c := b.get("/audit.csv")
+		require.Equal(t, http.StatusOK, c.status, c.body)
+		recs, err := csv.NewReader(strings.NewReader(c.body)).ReadAll()
+		require.NoError(t, err)
+		col := map[string]int{}
+		for i, h := range recs[0] {
+			col[h] = i
+		}
+		require.Contains(t, col, "possible_duplicate_effect")
+		got := map[string][]string{}
+		for _, r := range recs[1:] {
+			got[r[col["key"]]] = []string{r[col["result"]], r[col["operation_id"]], r[col["possible_duplicate_effect"]]}
+		}
+		require.Equal(t, map[string][]string{
+			"lost":   {"admitted", lost2.OperationID, "true"},
+			"resold": {"admitted", resold2.OperationID, "true"},
+		}, got)
+
+		for earlier, later := range map[string]string{resold1.OperationID: resold2.OperationID, lost1.OperationID: lost2.OperationID} {
+			op := b.get("/operations/" + later)
+			require.Equal(t, http.StatusOK, op.status)
+			warn := op.testid("op-possible-duplicate")
+			require.Equal(t, 1, warn.Length(), op.body)
+			require.Contains(t, warn.Text(), earlier)
+			require.Equal(t, "/operations/"+earlier, warn.Find("a").AttrOr("href", ""))
+			require.Zero(t, b.get("/operations/"+earlier).testid("op-possible-duplicate").Length())
+		}
+		require.Zero(t, b.get("/operations/"+clean2.OperationID).testid("op-possible-duplicate").Length())
+	})
 }

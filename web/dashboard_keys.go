@@ -125,7 +125,7 @@ func handleKeysPage(s *Server) fiber.Handler {
 				Active: q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring,
 			},
 			SelfURL:                q.url(),
-			NeedsReconciliationURL: keysQuery{State: models.StateUncertain, Limit: q.Limit}.url(),
+			NeedsReconciliationURL: queueURL, // operations, superseded ones too: not a filter of keys
 			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
 			Rows:                   make([]views.KeyRow, 0, len(page.Items)),
 		}

@@ -52,7 +52,7 @@ func TestDashboardKeysPrefixExpiringAndLinks(t *testing.T) {
 		require.Equal(t, 1, none.testid("keys-empty").Length())
 
 		quick := page.testid("filter-needs-reconciliation").AttrOr("href", "")
-		require.Contains(t, quick, "state=uncertain")
+		require.Equal(t, "/reconciliation", quick, "the queue of operations, superseded ones too")
 	})
 }
 

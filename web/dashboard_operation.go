@@ -36,12 +36,20 @@ func operatorMayAct(op *services.OperatorAccount) bool {
 }
 
 // requireActor refuses the dashboard's state-changing requests to read-only accounts
-// (auditors), even when the form was crafted by hand with a valid CSRF token.
+// (auditors), even when the form was crafted by hand with a valid CSRF token. An operation the
+// account may not see answers 404 first, as its page does: a 403 would confirm that another
+// tenant's operation exists.
 func (s *Server) requireActor(c *fiber.Ctx) error {
-	if !operatorMayAct(currentOperator(c)) {
-		return s.renderErrorPage(c, fiber.StatusForbidden, "Your account is read-only: it may view operations but not change them. Nothing was done.")
+	if operatorMayAct(currentOperator(c)) {
+		return c.Next()
 	}
-	return c.Next()
+	err := s.adm.CheckMayAct(c.UserContext(), currentOperator(c), c.Params("id"))
+	if errors.Is(err, services.ErrNotFound) {
+		return s.renderErrorPage(c, fiber.StatusNotFound, "There is no such operation, or your account may not see it.")
+	} else if err != nil && !errors.Is(err, services.ErrUnauthorized) {
+		return err
+	}
+	return s.renderErrorPage(c, fiber.StatusForbidden, "Your account is read-only: it may view operations but not change them. Nothing was done.")
 }
 
 // operationURL is the detail page of operation id.
@@ -265,8 +273,13 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 	}
 	for _, g := range d.Generations {
 		at, _ := opPageTime(g.AcquiredAt)
-		p.Generations = append(p.Generations, views.GenerationRow{FencingToken: strconv.FormatInt(g.FencingToken, 10),
+		p.Generations = append(p.Generations, views.GenerationRow{ID: g.ID, FencingToken: strconv.FormatInt(g.FencingToken, 10),
 			State: g.State, AcquiredAt: at, URL: operationURL(g.ID), Current: g.ID == id})
+	}
+	for _, g := range d.PossibleDuplicateOf {
+		at, _ := opPageTime(g.AcquiredAt)
+		p.PossibleDuplicateOf = append(p.PossibleDuplicateOf, views.GenerationRow{ID: g.ID,
+			FencingToken: strconv.FormatInt(g.FencingToken, 10), State: g.State, AcquiredAt: at, URL: operationURL(g.ID)})
 	}
 	return p
 }

@@ -362,3 +362,51 @@ func TestDashboardOperationValidation(t *testing.T) {
 		require.Nil(t, f.opDetail(t, f.pA, a.OperationID).Outcome)
 	})
 }
+
+// A tenant-restricted auditor's POST to another tenant's operation answers 404, like its GET
+// and like an unknown id: a 403 there would confirm the operation exists. Its own tenant's
+// operations still answer 403 (read-only), so the tenant check comes before the role check.
+func TestDashboardOperationAuditorOtherTenantIs404(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		other := f.opAcquire(t, f.pB, "b-hidden", 300, "")
+		own := f.opAcquire(t, f.pA, "a-visible", 300, "")
+		auditor := dashOperator(t, f.db, models.RoleAuditor, &f.pA.TenantID)
+
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(auditor)
+		token := b.get("/operations/" + own.OperationID).csrf(t)
+		forms := func(id string) map[string]url.Values {
+			return map[string]url.Values{
+				"/outcome": {"status": {"failed"}, "note": {"n"}, "_csrf": {token}},
+				"/release": {"operation_id": {id}, "fencing_token": {"1"}, "reason": {"r"}, "confirm": {"yes"}, "_csrf": {token}},
+			}
+		}
+		for _, id := range []string{other.OperationID, "00000000-0000-4000-8000-000000000000", "not-a-uuid"} {
+			for path, form := range forms(id) {
+				res := b.post("/operations/"+id+path, form)
+				require.Equal(t, http.StatusNotFound, res.status, "%s%s", id, path)
+				require.NotContains(t, res.body, "b-hidden")
+			}
+		}
+		for path, form := range forms(own.OperationID) {
+			res := b.post("/operations/"+own.OperationID+path, form)
+			require.Equal(t, http.StatusForbidden, res.status, path)
+		}
+		d := f.opDetail(t, f.pB, other.OperationID)
+		require.Equal(t, models.StateInProgress, d.State)
+		require.Empty(t, d.Events)
+
+		// The services keep the same order for any other caller.
+		acct, err := f.s.auth.Login(context.Background(), auditor, dashPassword)
+		require.NoError(t, err)
+		_, err = f.s.adm.ReconcileOutcome(context.Background(), acct, other.OperationID,
+			services.ReconcileInput{Status: models.StateFailed, Note: "n"})
+		require.ErrorIs(t, err, services.ErrNotFound)
+		_, err = f.s.adm.OperatorRelease(context.Background(), acct, other.OperationID,
+			services.OperatorReleaseInput{OperationID: other.OperationID, FencingToken: 1, Reason: "r"})
+		require.ErrorIs(t, err, services.ErrNotFound)
+		_, err = f.s.adm.ReconcileOutcome(context.Background(), acct, own.OperationID,
+			services.ReconcileInput{Status: models.StateFailed, Note: "n"})
+		require.ErrorIs(t, err, services.ErrUnauthorized)
+	})
+}

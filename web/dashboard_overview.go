@@ -41,13 +41,19 @@ func overviewProps(nav views.Nav, ov *services.Overview) views.OverviewProps {
 	p := views.OverviewProps{
 		Nav:                 nav,
 		NeedsReconciliation: ov.NeedsReconciliation,
-		NeedsURL:            keysStateURL(models.StateUncertain),
+		NeedsURL:            queueURL,
 		AsOf:                ov.Now.UTC().Format("2006-01-02 15:04:05"),
 		Counts:              make([]views.StateCountView, 0, len(ov.Counts)),
 		Hours:               make([]views.ChartHour, 0, len(ov.Hours)),
 	}
 	for _, sc := range ov.Counts {
-		p.Counts = append(p.Counts, views.StateCountView{State: sc.State, Count: sc.Count, URL: keysStateURL(sc.State)})
+		u := keysStateURL(sc.State)
+		if sc.State == models.StateUncertain {
+			// The count is of operations, superseded ones included, which a listing of keys by
+			// their newest operation would miss: the queue lists exactly these.
+			u = queueURL
+		}
+		p.Counts = append(p.Counts, views.StateCountView{State: sc.State, Count: sc.Count, URL: u})
 	}
 	for _, h := range ov.Hours {
 		start := h.Start.UTC()

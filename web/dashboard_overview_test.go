@@ -65,7 +65,7 @@ func TestDashboardOverviewTenantScope(t *testing.T) {
 
 		require.EqualValues(t, 1, overviewCount(t, p, "overview-needs-reconciliation"))
 		href, _ := p.testid("overview-needs-reconciliation").Attr("href")
-		require.Equal(t, "/keys?state=uncertain", href)
+		require.Equal(t, "/reconciliation", href)
 		require.EqualValues(t, 2, overviewCount(t, p, "overview-count-in_progress"))
 		require.EqualValues(t, 1, overviewCount(t, p, "overview-count-uncertain"))
 		for _, s := range []string{"succeeded", "failed", "released"} {

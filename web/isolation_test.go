@@ -162,6 +162,14 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				{"/v1/keys?prefix=" + url.QueryEscape(w.marker), apiCall("GET", nil, 200, "")},
 				{"/v1/keys?state=uncertain", apiCall("GET", nil, 200, "")},
 			},
+			// B's uncertain operation is superseded (its key was taken over): the queue lists
+			// such operations, so it is the list most likely to leak one.
+			"GET /v1/operations": {{"/v1/operations?state=uncertain", func(t *testing.T, path string) {
+				res := api.do("GET", path, nil)
+				require.Equal(t, http.StatusOK, res.status, res.raw)
+				require.Empty(t, res.body["items"])
+				noLeak(t, res.raw)
+			}}},
 			"GET /v1/keys/*": {{"/v1/keys/" + url.PathEscape(w.marker+"held"), apiCall("GET", nil, 404, "not_found")}},
 			"GET /v1/attempts": {
 				{"/v1/attempts", apiCall("GET", nil, 200, "")},
@@ -184,6 +192,12 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				{"/keys?state=in_progress&expiring=1", page(op, 200)},
 				{"/keys?operation=" + url.QueryEscape(f.op), page(op, 200)},
 			},
+			"GET /reconciliation": {{"/reconciliation", func(t *testing.T, path string) {
+				p := op.get(path)
+				require.Equal(t, http.StatusOK, p.status, p.body)
+				noLeak(t, p.body)
+				require.Zero(t, p.testid("queue-row").Length())
+			}}},
 			"GET /operations/:id": {
 				{"/operations/" + heldID, page(op, 404)},
 				{"/operations/" + uncertainID, page(op, 404)},

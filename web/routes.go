@@ -16,6 +16,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Post("/acquire", handleAcquire(s.adm))
 	v1.Post("/release", handleRelease(s.adm))
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
+	v1.Get("/operations", handleListOperations(s.adm))
 	v1.Get("/operations/:id", handleGetOperation(s.adm))
 	v1.Get("/keys", handleListKeys(s.adm))
 	v1.Get("/keys/*", handleGetKey(s.adm))

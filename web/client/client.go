@@ -285,6 +285,33 @@ func (c *Client) ListKeys(ctx context.Context, opts ListKeysOptions) (*KeyPage, 
 	return &page, nil
 }
 
+// ListOperations returns one page of the tenant's reconciliation queue: every operation in
+// state uncertain, whether or not a later operation of its key was admitted since, oldest first
+// by the time it became uncertain (GET /v1/operations?state=uncertain). Walk it with
+// OperationPage.NextCursor as opts.Cursor; an operation reconciled meanwhile leaves the queue.
+// Unlike ListKeys with State uncertain, which sees only each key's newest operation, it misses
+// none. Errors: ErrInvalidRequest (a state other than uncertain, a bad limit or cursor),
+// ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
+func (c *Client) ListOperations(ctx context.Context, opts ListOperationsOptions) (*OperationPage, error) {
+	if opts.State == "" {
+		opts.State = StateUncertain
+	}
+	q := url.Values{}
+	q.Set("state", opts.State)
+	setQuery(q, "cursor", opts.Cursor)
+	if opts.Limit != 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	var page OperationPage
+	if _, err := c.do(ctx, http.MethodGet, "/v1/operations", q, nil, &page, http.StatusOK); err != nil {
+		return nil, err
+	}
+	for i := range page.Items {
+		page.Items[i].normalize()
+	}
+	return &page, nil
+}
+
 // ListAttempts returns one page of the tenant's attempt log, newest first (SPEC.md §4
 // "GET /v1/attempts"); pass AttemptPage.NextCursor as opts.Cursor for the next page. Errors:
 // ErrInvalidRequest, ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.

@@ -260,6 +260,30 @@ func TestReads(t *testing.T) {
 		}
 		require.Equal(t, []string{prefix + "2", prefix + "1", prefix + "0"}, seen)
 
+		// The reconciliation queue: an operation reported uncertain is listed, paged one by one.
+		unsure, err := c.Acquire(ctx(t), client.AcquireRequest{Key: prefix + "unsure", TTL: time.Minute})
+		require.NoError(t, err)
+		_, err = c.RecordOutcome(ctx(t), unsure.Admitted.OperationID, client.OutcomeRequest{
+			OwnerToken: unsure.Admitted.OwnerToken, Status: client.StatusUncertain})
+		require.NoError(t, err)
+		var queued []string
+		qopts := client.ListOperationsOptions{Limit: 1}
+		for {
+			page, err := c.ListOperations(ctx(t), qopts)
+			require.NoError(t, err)
+			for _, op := range page.Items {
+				require.Equal(t, client.StateUncertain, op.State)
+				queued = append(queued, op.ID)
+			}
+			if page.NextCursor == "" {
+				break
+			}
+			qopts.Cursor = page.NextCursor
+		}
+		require.Contains(t, queued, unsure.Admitted.OperationID)
+		_, err = c.ListOperations(ctx(t), client.ListOperationsOptions{State: client.StateFailed})
+		require.ErrorIs(t, err, client.ErrInvalidRequest)
+
 		_, err = c.ListKeys(ctx(t), client.ListKeysOptions{Limit: client.MaxListLimit + 1})
 		require.ErrorIs(t, err, client.ErrInvalidRequest)
 		var p *client.Problem

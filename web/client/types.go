@@ -42,7 +42,7 @@ const (
 	MaxNoteChars          = 1000      // outcome note
 	MaxResponseBytes      = 64 << 10  // outcome response, serialized
 	MaxBodyBytes          = 256 << 10 // any request body
-	MaxListLimit          = 500       // limit of ListKeys and ListAttempts
+	MaxListLimit          = 500       // limit of ListKeys, ListOperations and ListAttempts
 )
 
 // AcquireRequest asks to admit one attempt of an operation (SPEC.md §4 "POST /v1/acquire").
@@ -253,6 +253,21 @@ type ListKeysOptions struct {
 type KeyPage struct {
 	Items      []KeyView `json:"items"`
 	NextCursor string    `json:"next_cursor"`
+}
+
+// ListOperationsOptions selects ListOperations' page. State "" means StateUncertain, the only
+// state the server lists operations by.
+type ListOperationsOptions struct {
+	State  string // StateUncertain
+	Limit  int    // 1–500; 0 is the server's default
+	Cursor string // OperationPage.NextCursor of the previous page
+}
+
+// OperationPage is one page of ListOperations, oldest first by the time each operation became
+// uncertain. NextCursor is "" on the last page.
+type OperationPage struct {
+	Items      []Operation `json:"items"`
+	NextCursor string      `json:"next_cursor"`
 }
 
 // ListAttemptsOptions filters ListAttempts. Zero values are no filter.

@@ -1,0 +1,203 @@
+package services
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/models"
+)
+
+// OperationFilter selects operations for ListOperations. State is required and must be
+// uncertain: the list is the reconciliation queue, ordered by the time each operation became
+// uncertain, an order only that state has (other states are listed per key by ListKeys).
+// Cursor is an opaque value from a previous page's NextCursor.
+type OperationFilter struct {
+	State  string
+	Limit  int
+	Cursor string
+}
+
+// OperationPage is one page of the reconciliation queue, oldest first. NextCursor is "" on
+// the last page.
+type OperationPage struct {
+	Items      []Operation
+	NextCursor string
+}
+
+// QueuedOperation is one entry of the dashboard's reconciliation queue: the operation, its
+// tenant, and when it became uncertain (UTC). Superseded is true when a later operation of the
+// same key exists (a takeover after the hold expired), so listings by key show that one.
+// TenantName is filled only for a queue over every tenant.
+type QueuedOperation struct {
+	Operation
+	TenantID    int64
+	TenantName  string
+	UncertainAt time.Time
+	Superseded  bool
+}
+
+// QueuePage is one page of the dashboard's reconciliation queue, oldest first.
+type QueuePage struct {
+	Items      []QueuedOperation
+	NextCursor string
+}
+
+// ListOperations returns tenantID's reconciliation queue: every operation in state uncertain,
+// superseded by a later operation of its key or not, oldest first by the time it became
+// uncertain, with keyset pagination (limit 1 to MaxListLimit, default DefaultListLimit). Its
+// length always equals the Overview's NeedsReconciliation and the metric, which count the same
+// rows. Errors: ErrInvalidRequest (fields "state", "limit", "cursor"), ErrStoreUnavailable.
+func (a *Admission) ListOperations(ctx context.Context, tenantID int64, f OperationFilter) (*OperationPage, error) {
+	q, err := a.listQueue(ctx, &tenantID, f)
+	if err != nil {
+		return nil, err
+	}
+	page := &OperationPage{Items: make([]Operation, 0, len(q.Items)), NextCursor: q.NextCursor}
+	for _, o := range q.Items {
+		page.Items = append(page.Items, o.Operation)
+	}
+	return page, nil
+}
+
+// ReconciliationQueue is ListOperations for the dashboard: over one tenant, or every tenant
+// when tenantID is nil (a global account), with each operation's tenant name. State defaults
+// to uncertain. Errors: as ListOperations.
+func (a *Admission) ReconciliationQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
+	if f.State == "" {
+		f.State = models.StateUncertain
+	}
+	return a.listQueue(ctx, tenantID, f)
+}
+
+func (a *Admission) listQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
+	var fe []FieldError
+	if f.Limit == 0 {
+		f.Limit = DefaultListLimit
+	}
+	if f.Limit < 1 || f.Limit > MaxListLimit {
+		fe = append(fe, FieldError{Field: "limit", Message: fmt.Sprintf("must be an integer from 1 to %d", MaxListLimit)})
+	}
+	switch f.State {
+	case models.StateUncertain:
+	case "":
+		fe = append(fe, FieldError{Field: "state", Message: "is required: uncertain"})
+	default:
+		fe = append(fe, FieldError{Field: "state", Message: "must be uncertain"})
+	}
+	curAt, curID, err := decodeQueueCursor(f.Cursor)
+	if err != nil {
+		fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
+	}
+	if len(fe) > 0 {
+		return nil, invalid(fe...)
+	}
+	tx := a.db.WithContext(ctx)
+	now, err := a.db.Now(ctx, tx)
+	if err != nil {
+		return nil, storeError("list operations", err)
+	}
+	// The partial indexes operations_uncertain_queue(_all) hold exactly these rows in this
+	// order, so a page is one index range however long the queue is.
+	q := tx.Where("state = ?", models.StateUncertain)
+	if tenantID != nil {
+		q = q.Where("tenant_id = ?", *tenantID)
+	}
+	if f.Cursor != "" {
+		q = q.Where("(uncertain_at, id) > (?, ?)", curAt, curID)
+	}
+	var ms []models.Operation
+	if err := q.Order("uncertain_at, id").Limit(f.Limit + 1).Find(&ms).Error; err != nil {
+		return nil, storeError("list operations", err)
+	}
+	page := &QueuePage{Items: make([]QueuedOperation, 0, len(ms))}
+	if len(ms) > f.Limit {
+		ms = ms[:f.Limit]
+		last := ms[len(ms)-1]
+		page.NextCursor = encodeQueueCursor(derefTime(last.UncertainAt), last.ID)
+	}
+	if len(ms) == 0 {
+		return page, nil
+	}
+	// The keys of the page, through the unique index on (tenant_id, key): which operation is
+	// each key's newest (the others are superseded) and which still holds it (an expired hold
+	// not yet cleared does not count). IN over tenants × keys may match other pairs; they are
+	// simply not looked up.
+	tenants, keys := map[int64]bool{}, map[string]bool{}
+	tids, knames := []int64{}, []string{}
+	for _, m := range ms {
+		if !tenants[m.TenantID] {
+			tenants[m.TenantID] = true
+			tids = append(tids, m.TenantID)
+		}
+		if !keys[m.Key] {
+			keys[m.Key] = true
+			knames = append(knames, m.Key)
+		}
+	}
+	var ks []models.IdemKey
+	if err := tx.Where("tenant_id IN ? AND key IN ?", tids, knames).Find(&ks).Error; err != nil {
+		return nil, storeError("list operations", err)
+	}
+	newest, held := map[string]bool{}, map[string]bool{}
+	for _, k := range ks {
+		newest[strings.ToLower(k.LastOperationID)] = true
+		if k.HolderOperationID != nil && k.ExpiresAt != nil && k.ExpiresAt.After(now) {
+			held[strings.ToLower(*k.HolderOperationID)] = true
+		}
+	}
+	names := map[int64]string{}
+	if tenantID == nil {
+		var ts []models.Tenant
+		if err := tx.Where("id IN ?", tids).Find(&ts).Error; err != nil {
+			return nil, storeError("list operations", err)
+		}
+		for _, t := range ts {
+			names[t.ID] = t.Name
+		}
+	}
+	for i := range ms {
+		m := &ms[i]
+		page.Items = append(page.Items, QueuedOperation{Operation: operationFromModel(m, held[m.ID]),
+			TenantID: m.TenantID, TenantName: names[m.TenantID], UncertainAt: derefTime(m.UncertainAt),
+			Superseded: !newest[m.ID]})
+	}
+	return page, nil
+}
+
+// encodeQueueCursor is the opaque cursor after the queue entry that became uncertain at t with
+// operation id: base64url (no padding) of "<unix nanoseconds>.<uuid>".
+func encodeQueueCursor(t time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixNano(), 10) + "." + id))
+}
+
+// decodeQueueCursor parses a cursor made by encodeQueueCursor; "" is the first page (zero time
+// and ""). The id comes back in the stored spelling (lower-case, hyphenated). Errors: any
+// other input, including a valid cursor of another list.
+func decodeQueueCursor(c string) (time.Time, string, error) {
+	if c == "" {
+		return time.Time{}, "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", err
+	}
+	ts, idStr, ok := strings.Cut(string(b), ".")
+	if !ok {
+		return time.Time{}, "", errors.New("malformed cursor")
+	}
+	ns, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return time.Time{}, "", errors.New("malformed cursor")
+	}
+	u, err := uuid.Parse(idStr)
+	if err != nil || len(idStr) != 36 {
+		return time.Time{}, "", errors.New("malformed cursor")
+	}
+	return time.Unix(0, ns).UTC(), u.String(), nil
+}
