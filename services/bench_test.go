@@ -2,8 +2,8 @@ package services
 
 import (
 	"context"
-	"fmt"
 	"database/sql"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
