@@ -34,11 +34,14 @@ var migrations embed.FS
 
 // OpenOptions says which database to open. DatabaseURL wins when set; otherwise SQLitePath is
 // used. MaxConns is the PostgreSQL pool size (default 16: fewer loses throughput under load,
-// see issue 2); SQLite ignores it.
+// see issue 2); SQLite ignores it. ConnectTimeout bounds each new PostgreSQL connection (dial
+// and handshake) and Open's first contact with either database (default 10s): a database that
+// accepts TCP and then sends nothing must not hold a caller, or Open itself, for the stall.
 type OpenOptions struct {
-	DatabaseURL string
-	SQLitePath  string
-	MaxConns    int
+	DatabaseURL    string
+	SQLitePath     string
+	MaxConns       int
+	ConnectTimeout time.Duration
 }
 
 // DB is an open database with its dialect. Pool is the pgx pool under GORM on PostgreSQL (nil
@@ -98,7 +101,7 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 		sqlDB.SetMaxOpenConns(8)
 		sqlDB.SetMaxIdleConns(8)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	pingCtx, cancel := context.WithTimeout(ctx, opts.connectTimeout())
 	defer cancel()
 	if err := sqlDB.PingContext(pingCtx); err != nil {
 		_ = sqlDB.Close()
@@ -122,11 +125,21 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 		pc.MaxConns = int32(opts.MaxConns)
 	}
 	pc.MaxConnIdleTime = 5 * time.Minute
+	if opts.ConnectTimeout > 0 || pc.ConnConfig.ConnectTimeout == 0 { // else connect_timeout in the URL
+		pc.ConnConfig.ConnectTimeout = opts.connectTimeout()
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}
 	return pool, nil
+}
+
+func (o OpenOptions) connectTimeout() time.Duration {
+	if o.ConnectTimeout > 0 {
+		return o.ConnectTimeout
+	}
+	return 10 * time.Second
 }
 
 func sqliteDSN(path string) string {
