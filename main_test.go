@@ -199,19 +199,25 @@ func TestTwoProcessesAdmitExactlyOnce(t *testing.T) {
 
 // proxy is a TCP proxy to PostgreSQL that a test can cut and restore, so one server loses its
 // database without disturbing other test packages that share the PostgreSQL server.
+//
+// It can also stall: keep every connection open and accept new ones, but forward no bytes,
+// as a PostgreSQL that hangs (or a network that drops packets without a reset) looks.
 type proxy struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	down   bool
-	conns  []net.Conn
+	l       net.Listener
+	target  string
+	mu      sync.Mutex
+	down    bool
+	stalled bool
+	flowing *sync.Cond // signalled when stalled becomes false
+	conns   []net.Conn
 }
 
 func newProxy(t *testing.T, target string) *proxy {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	p := &proxy{l: l, target: target}
-	t.Cleanup(func() { l.Close(); p.setDown(true) })
+	p.flowing = sync.NewCond(&p.mu)
+	t.Cleanup(func() { l.Close(); p.setStalled(false); p.setDown(true) })
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -232,8 +238,8 @@ func newProxy(t *testing.T, target string) *proxy {
 			}
 			p.conns = append(p.conns, c, up)
 			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
+			go p.pipe(up, c)
+			go p.pipe(c, up)
 		}
 	}()
 	return p
@@ -248,6 +254,38 @@ func (p *proxy) setDown(down bool) {
 			c.Close()
 		}
 		p.conns = nil
+	}
+}
+
+// pipe copies src to dst, holding each chunk while the proxy is stalled.
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			for p.stalled {
+				p.flowing.Wait()
+			}
+			p.mu.Unlock()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// setStalled stops (true) or resumes (false) forwarding bytes; connections stay open.
+func (p *proxy) setStalled(stalled bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stalled = stalled
+	if !stalled {
+		p.flowing.Broadcast()
 	}
 }
 
@@ -361,4 +399,130 @@ func TestRawHTTPEdgeCases(t *testing.T) {
 	require.Equal(t, http.StatusCreated, st, "the refused body wrote nothing: %v", body)
 	st, body = post(t, s.url+"/v1/acquire", map[string]any{"key": "gz", "ttl_seconds": 60})
 	require.Equal(t, http.StatusCreated, st, "the refused gzip body wrote nothing: %v", body)
+}
+
+// stallWindow is how long the stall tests keep PostgreSQL stalled at most: every answer they
+// wait for must come before it ends, i.e. from idemgate's own deadline and not from the
+// database coming back. It is many times IDEMGATE_STORE_TIMEOUT as these tests set it.
+const stallWindow = 20 * time.Second
+
+// TestStalledDatabaseAnswers503AndRecovers: PostgreSQL that accepts connections and then sends
+// nothing (the TCP connection stays open) must not hold API calls for the length of the stall.
+// Each is answered 503 store_unavailable with Retry-After once IDEMGATE_STORE_TIMEOUT passes,
+// and the service recovers by itself when the database does. An acquire cut off by the
+// deadline may or may not have committed; its retry with the same attempt_id is admitted
+// either way.
+func TestStalledDatabaseAnswers503AndRecovers(t *testing.T) {
+	dbURL, drop, err := modeltest.CreatePostgres()
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	px := newProxy(t, "127.0.0.1:5432")
+	proxied := strings.Replace(dbURL, "127.0.0.1:5432", px.l.Addr().String(), 1)
+	require.NotEqual(t, dbURL, proxied, "the test database URL must point at 127.0.0.1:5432")
+	s := startServer(t, "DATABASE_URL="+proxied, "IDEMGATE_STORE_TIMEOUT=1s")
+
+	st, body := post(t, s.url+"/v1/acquire", map[string]any{"key": "before-stall", "ttl_seconds": 60})
+	require.Equal(t, http.StatusCreated, st, "%v", body)
+
+	px.setStalled(true)
+	resumed := time.AfterFunc(stallWindow, func() { px.setStalled(false) })
+	defer resumed.Stop()
+	type answer struct {
+		status int
+		body   map[string]any
+	}
+	acquire := map[string]any{"key": "during-stall", "ttl_seconds": 60, "attempt_id": "attempt-1"}
+	answers := make(chan answer, 4)
+	for i := 0; i < 4; i++ { // more than one: each waits on its own deadline, not behind another
+		go func() {
+			st, body := post(t, s.url+"/v1/acquire", acquire)
+			answers <- answer{st, body}
+		}()
+	}
+	for i := 0; i < 4; i++ {
+		a := <-answers
+		require.Equal(t, http.StatusServiceUnavailable, a.status, "%v", a.body)
+		require.Equal(t, "store_unavailable", a.body["code"])
+		require.Nil(t, a.body["missing_retry_after"], "503 must carry Retry-After")
+	}
+	resp, err := http.Get(s.url + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	req, _ := http.NewRequest(http.MethodGet, s.url+"/login", nil)
+	req.Header.Set("Accept", "text/html")
+	req.AddCookie(&http.Cookie{Name: "idemgate_session", Value: "some-session-id"})
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a dashboard page reading its session: %s", page)
+	require.Contains(t, resp.Header.Get("Content-Type"), "text/html")
+	require.True(t, resumed.Stop(), "every answer above must come before the stall ends")
+
+	px.setStalled(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		st, body = post(t, s.url+"/v1/acquire", acquire)
+		if st == http.StatusCreated {
+			break
+		}
+		require.Equal(t, http.StatusServiceUnavailable, st, "%v", body)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no recovery after the stall ended; last answer %d %v", st, body)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	require.EqualValues(t, 1, body["fencing_token"], "one operation for the key, however the cut-off attempt ended")
+}
+
+// TestServeAgainstStalledDatabase: started against a PostgreSQL that never answers, serve says
+// which database it is connecting to and that it is retrying, then gives up with an error
+// once IDEMGATE_START_TIMEOUT has passed, instead of sitting silent.
+func TestServeAgainstStalledDatabase(t *testing.T) {
+	dbURL, drop, err := modeltest.CreatePostgres()
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	px := newProxy(t, "127.0.0.1:5432")
+	px.setStalled(true)
+	proxied := strings.Replace(dbURL, "127.0.0.1:5432", px.l.Addr().String(), 1)
+	cmd := exec.Command(binary, "serve")
+	cmd.Dir = t.TempDir()
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + freeAddr(t),
+		"IDEMGATE_LOG_FORMAT=json", "DATABASE_URL=" + proxied, "IDEMGATE_STORE_TIMEOUT=1s", "IDEMGATE_START_TIMEOUT=4s"}
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-time.After(stallWindow):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("serve still starting when the stall window ended; log:\n%s", log.String())
+	}
+	out := log.String()
+	require.Error(t, err, "serve must fail when the database never answers; log:\n%s", out)
+	var connecting, retrying, gaveUp bool
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue // cobra's "Error: …" line
+		}
+		switch rec["msg"] {
+		case "connecting to database":
+			connecting = true
+			require.Equal(t, px.l.Addr().String(), rec["host"], line)
+		case "database not reachable, retrying":
+			retrying = true
+			require.Equal(t, px.l.Addr().String(), rec["host"], line)
+		case "cannot start":
+			gaveUp = true
+			require.Contains(t, rec["err"], px.l.Addr().String(), line)
+		}
+	}
+	require.True(t, connecting && retrying && gaveUp, "log:\n%s", out)
 }

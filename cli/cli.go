@@ -10,12 +10,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web/logging"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 )
@@ -88,7 +92,7 @@ func open(ctx context.Context, env Env) (Config, *slog.Logger, *models.DB, error
 		return cfg, nil, nil, fmt.Errorf("configuration: %w", err)
 	}
 	log := newLogger(cfg, env.Stderr)
-	db, err := models.Open(ctx, models.OpenOptions{DatabaseURL: cfg.DatabaseURL, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns})
+	db, err := connect(ctx, cfg, log)
 	if err != nil {
 		return cfg, log, nil, err
 	}
@@ -97,6 +101,57 @@ func open(ctx context.Context, env Env) (Config, *slog.Logger, *models.DB, error
 		return cfg, log, nil, err
 	}
 	return cfg, log, db, nil
+}
+
+// connectRetryDelay is the pause between two attempts to reach the database at start-up.
+const connectRetryDelay = time.Second
+
+// connect opens the database, saying which one, and retries while it is unreachable (down,
+// starting, or stalled: each attempt is bounded by cfg.StoreTimeout) until cfg.StartTimeout has
+// passed. A database that refuses us for another reason (a bad URL, wrong password, unknown
+// database) fails at once: retrying cannot fix it.
+func connect(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, error) {
+	opts := models.OpenOptions{DatabaseURL: cfg.DatabaseURL, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
+		ConnectTimeout: cfg.StoreTimeout}
+	if cfg.DatabaseURL == "" {
+		log.Info("opening database", "dialect", models.SQLite, "path", cfg.SQLitePath)
+		return models.Open(ctx, opts)
+	}
+	host, name := describePostgres(cfg.DatabaseURL)
+	log.Info("connecting to database", "dialect", models.Postgres, "host", host, "database", name,
+		"attempt_timeout", cfg.StoreTimeout.String(), "give_up_after", cfg.StartTimeout.String())
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		db, err := models.Open(ctx, opts)
+		if err == nil {
+			if attempt > 1 {
+				log.Info("connected to database", "host", host, "attempts", attempt)
+			}
+			return db, nil
+		}
+		left := cfg.StartTimeout - time.Since(start)
+		if !services.IsUnavailable(err) || ctx.Err() != nil || left < connectRetryDelay {
+			return nil, fmt.Errorf("database at %s: %w (%d attempts in %s)", host, err, attempt,
+				time.Since(start).Round(time.Millisecond))
+		}
+		log.Warn("database not reachable, retrying", "host", host, "attempt", attempt, "err", err,
+			"retry_in", connectRetryDelay.String(), "give_up_in", left.Round(time.Second).String())
+		select {
+		case <-ctx.Done():
+		case <-time.After(connectRetryDelay):
+		}
+	}
+}
+
+// describePostgres names the database of url for logs, without its password: host:port and
+// database name (the first host of a multi-host URL). An unparsable URL gives "?": Open reports
+// why.
+func describePostgres(url string) (host, database string) {
+	pc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return "?", "?"
+	}
+	return net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port))), pc.Database
 }
 
 func migrate(ctx context.Context, env Env) error {

@@ -27,8 +27,16 @@ type Config struct {
 	LogFormat       string        // IDEMGATE_LOG_FORMAT, "json" or "text"; default text on a terminal, else json
 	LogLevel        slog.Level    // IDEMGATE_LOG_LEVEL, debug, info, warn or error; default info
 	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
+	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
+	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
 	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
 }
+
+// DefaultStoreTimeout is IDEMGATE_STORE_TIMEOUT's default: the longest a request waits on the
+// database before it is answered 503 store_unavailable. A healthy database answers idemgate's
+// statements in milliseconds; a stalled one (connection open, no bytes) would otherwise hold
+// every caller for the whole stall.
+const DefaultStoreTimeout = 5 * time.Second
 
 // LoadConfig reads Config through getenv and validates it; every problem is reported at once.
 func LoadConfig(getenv func(string) string) (Config, error) {
@@ -57,6 +65,16 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	dur("IDEMGATE_RETENTION", services.DefaultRetention, &c.Retention)
 	dur("IDEMGATE_REAP_INTERVAL", 30*time.Second, &c.ReapInterval)
 	dur("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second, &c.ShutdownTimeout)
+	dur("IDEMGATE_STORE_TIMEOUT", DefaultStoreTimeout, &c.StoreTimeout)
+	dur("IDEMGATE_START_TIMEOUT", 60*time.Second, &c.StartTimeout)
+	// Below 100ms a healthy database on another host would be refused under ordinary load;
+	// above 10 minutes a stalled database holds callers as long as no deadline at all.
+	if c.StoreTimeout > 0 && (c.StoreTimeout < 100*time.Millisecond || c.StoreTimeout > 10*time.Minute) {
+		errs = append(errs, errors.New("IDEMGATE_STORE_TIMEOUT must be from 100ms to 10m"))
+	}
+	if c.StartTimeout > 0 && c.StartTimeout < c.StoreTimeout {
+		errs = append(errs, errors.New("IDEMGATE_START_TIMEOUT must be at least IDEMGATE_STORE_TIMEOUT"))
+	}
 	if c.MaxTTL < time.Second {
 		errs = append(errs, errors.New("IDEMGATE_MAX_TTL must be at least 1s"))
 	}

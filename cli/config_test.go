@@ -21,6 +21,30 @@ func TestLoadConfigDefaults(t *testing.T) {
 	require.Equal(t, 30*time.Second, c.ReapInterval)
 	require.Equal(t, 16, c.DBMaxConns)
 	require.Equal(t, slog.LevelInfo, c.LogLevel)
+	require.Equal(t, 5*time.Second, c.StoreTimeout)
+	require.Equal(t, 60*time.Second, c.StartTimeout)
+}
+
+// TestLoadConfigStoreTimeouts: the database deadline is configurable within a range where it
+// neither refuses a healthy database nor waits out a stalled one, and start-up retries at
+// least one deadline's worth.
+func TestLoadConfigStoreTimeouts(t *testing.T) {
+	c, err := LoadConfig(env(map[string]string{"IDEMGATE_STORE_TIMEOUT": "1500ms", "IDEMGATE_START_TIMEOUT": "2m"}))
+	require.NoError(t, err)
+	require.Equal(t, 1500*time.Millisecond, c.StoreTimeout)
+	require.Equal(t, 2*time.Minute, c.StartTimeout)
+	for _, bad := range []map[string]string{
+		{"IDEMGATE_STORE_TIMEOUT": "50ms"},
+		{"IDEMGATE_STORE_TIMEOUT": "11m"},
+		{"IDEMGATE_STORE_TIMEOUT": "0"},
+		{"IDEMGATE_STORE_TIMEOUT": "soon"},
+		{"IDEMGATE_START_TIMEOUT": "-5s"},
+		{"IDEMGATE_STORE_TIMEOUT": "10s", "IDEMGATE_START_TIMEOUT": "5s"},
+	} {
+		_, err := LoadConfig(env(bad))
+		require.Error(t, err, "%v", bad)
+		require.Contains(t, err.Error(), "_TIMEOUT", "%v", bad)
+	}
 }
 
 func TestLoadConfigParsesAndReportsEveryProblem(t *testing.T) {

@@ -26,7 +26,9 @@ func serve(ctx context.Context, env Env) error {
 	}
 	defer db.Close()
 	auth := services.NewAuth(db, log)
-	boot, err := auth.Bootstrap(ctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
+	bctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	boot, err := auth.Bootstrap(bctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
+	cancel()
 	if err != nil {
 		log.Error("cannot bootstrap", "err", err)
 		return err
@@ -49,7 +51,8 @@ func serve(ctx context.Context, env Env) error {
 	}
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
-		Sessions: web.NewSessionStorage(db), SecureCookies: cfg.SecureCookies, MetricsToken: cfg.MetricsToken,
+		Sessions: web.NewSessionStorage(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
+		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()

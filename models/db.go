@@ -35,11 +35,14 @@ var migrations embed.FS
 
 // OpenOptions says which database to open. DatabaseURL wins when set; otherwise SQLitePath is
 // used. MaxConns is the PostgreSQL pool size (default 16: fewer loses throughput under load,
-// see issue 2); SQLite ignores it.
+// see issue 2); SQLite ignores it. ConnectTimeout bounds each new PostgreSQL connection (dial
+// and handshake) and Open's first contact with either database (default 10s): a database that
+// accepts TCP and then sends nothing must not hold a caller, or Open itself, for the stall.
 type OpenOptions struct {
-	DatabaseURL string
-	SQLitePath  string
-	MaxConns    int
+	DatabaseURL    string
+	SQLitePath     string
+	MaxConns       int
+	ConnectTimeout time.Duration
 }
 
 // DB is an open database with its dialect. Pool is the pgx pool under GORM on PostgreSQL (nil
@@ -99,7 +102,7 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 		sqlDB.SetMaxOpenConns(8)
 		sqlDB.SetMaxIdleConns(8)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	pingCtx, cancel := context.WithTimeout(ctx, opts.connectTimeout())
 	defer cancel()
 	if err := sqlDB.PingContext(pingCtx); err != nil {
 		_ = sqlDB.Close()
@@ -131,6 +134,9 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 	if !strings.Contains(opts.DatabaseURL, "default_query_exec_mode") {
 		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
+	if opts.ConnectTimeout > 0 || pc.ConnConfig.ConnectTimeout == 0 { // else connect_timeout in the URL
+		pc.ConnConfig.ConnectTimeout = opts.connectTimeout()
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
@@ -138,11 +144,20 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+func (o OpenOptions) connectTimeout() time.Duration {
+	if o.ConnectTimeout > 0 {
+		return o.ConnectTimeout
+	}
+	return 10 * time.Second
+}
+
 func sqliteDSN(path string) string {
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
+	// FULL: in WAL mode NORMAL leaves the last commits in the WAL unsynced, so a power failure
+	// can lose an admission already answered 201 and the key would be admitted again.
+	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(1)")
 	q.Set("_txlock", "immediate")
 	return "file:" + path + "?" + q.Encode()

@@ -1,6 +1,8 @@
 package models_test
 
 import (
+	"context"
+	"database/sql"
 	"os"
 	"sync"
 	"testing"
@@ -48,4 +50,36 @@ func TestPreviousReleaseAcquireStillWorks(t *testing.T) {
 		NULL, 'old-release', gen_random_uuid(), 'hash')`, tenant).Scan(&result).Error
 	require.NoError(t, err)
 	require.Equal(t, "admitted", result)
+}
+
+// TestSQLiteSynchronousFull checks that every connection of the SQLite pool commits with
+// synchronous=FULL: in WAL mode NORMAL may lose the last committed transactions on power
+// failure, and a lost admission lets the key be admitted twice. The pragma is per connection,
+// so all the pool's connections are held at once and each is asked.
+func TestSQLiteSynchronousFull(t *testing.T) {
+	sqlDB, err := dbs.SQLite.SQL()
+	require.NoError(t, err)
+	ctx := context.Background()
+	n := sqlDB.Stats().MaxOpenConnections
+	require.Positive(t, n)
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		c, err := sqlDB.Conn(ctx)
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	require.Equal(t, n, sqlDB.Stats().OpenConnections, "every connection of the pool is held")
+	for i, c := range conns {
+		var mode int
+		require.NoError(t, c.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&mode))
+		require.Equal(t, 2, mode, "connection %d: synchronous must be FULL (2)", i)
+		var journal string
+		require.NoError(t, c.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&journal))
+		require.Equal(t, "wal", journal, "connection %d", i)
+	}
 }

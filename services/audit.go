@@ -265,37 +265,76 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 	return rep, nil
 }
 
-// AuditAttempts calls fn with every audited attempt in f's range (see AuditRow), oldest
-// first, for one tenant or every tenant when tenantID is nil. Rows are read from the database
-// one at a time, so an export of any size runs in constant memory. An error from fn stops the
-// export and is returned as is. Errors: ErrInvalidRequest (bad range), ErrStoreUnavailable.
-func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditFilter, fn func(AuditRow) error) error {
+// AuditExportBatch is how many rows AuditAttempts reads with one query.
+const AuditExportBatch = 500
+
+// AuditAttempts calls fn with every audited attempt in f's range (see AuditRow: duplicates,
+// conflicts, and admissions that were a possible duplicate effect), in the order they were
+// logged (attempt id; oldest first, up to attempts logged concurrently), for one tenant or
+// every tenant when tenantID is nil. Rows are read AuditExportBatch at a time, each batch by
+// its own short query bounded by batchTimeout (0: only ctx bounds it), and fn sees a batch's
+// rows only after its connection went back to the pool: fn may block on a slow client for as
+// long as it likes without holding a database connection, so slow downloads cannot starve
+// admission, and an export of any size runs in constant memory. Attempts logged while the
+// export runs may or may not be in it. An error from fn stops the export and is returned as
+// is. Errors: ErrInvalidRequest (bad range), ErrStoreUnavailable.
+func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditFilter, batchTimeout time.Duration, fn func(AuditRow) error) error {
 	f, err := a.ResolveAuditFilter(ctx, f)
 	if err != nil {
 		return err
 	}
-	scope, ok, err := a.auditScope(ctx, tenantID, f.Tenant)
+	sctx, cancel := withTimeout(ctx, batchTimeout)
+	scope, ok, err := a.auditScope(sctx, tenantID, f.Tenant)
+	cancel()
 	if err != nil {
 		return storeError("audit export", err)
 	} else if !ok {
 		return nil
 	}
+	var after int64
+	for {
+		batch, last, err := a.auditAttemptsBatch(ctx, batchTimeout, scope, f, after)
+		if err != nil {
+			return storeError("audit export", err)
+		}
+		for _, r := range batch {
+			if err := fn(r); err != nil {
+				return err
+			}
+		}
+		if len(batch) < AuditExportBatch {
+			return nil
+		}
+		after = last
+	}
+}
+
+// auditAttemptsBatch reads the next AuditExportBatch attempts of the export with an id above
+// after, and returns them with the last one's id. Keyset paging on the primary key: each batch
+// continues the index walk where the previous one stopped, so the export reads the table once.
+func (a *Admission) auditAttemptsBatch(ctx context.Context, timeout time.Duration, scope *int64, f AuditFilter, after int64) ([]AuditRow, int64, error) {
+	ctx, cancel := withTimeout(ctx, timeout)
+	defer cancel()
 	q := a.db.WithContext(ctx).Table("attempts a").
-		Select("t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
+		Select("a.id, t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
 			"CASE WHEN "+possibleDuplicateEffectOf("a.operation_id")+" THEN 1 ELSE 0 END AS pde").
 		Joins("JOIN tenants t ON t.id = a.tenant_id").
+		Where("a.id > ?", after).
 		Where("(a.result IN ? OR (a.result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
 			[]string{models.ResultDuplicate, models.ResultConflict}, models.ResultAdmitted).
 		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
-		Order("a.attempted_at, a.id")
+		Order("a.id").
+		Limit(AuditExportBatch)
 	if scope != nil {
 		q = q.Where("a.tenant_id = ?", *scope)
 	}
 	rows, err := q.Rows()
 	if err != nil {
-		return storeError("audit export", err)
+		return nil, 0, err
 	}
 	defer rows.Close()
+	out := make([]AuditRow, 0, AuditExportBatch)
+	var last int64
 	for rows.Next() {
 		var (
 			r                     AuditRow
@@ -303,16 +342,22 @@ func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditF
 			opID, attID, fp, corr sql.NullString
 			pde                   int64
 		)
-		if err := rows.Scan(&r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr, &pde); err != nil {
-			return storeError("audit export", err)
+		if err := rows.Scan(&last, &r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr, &pde); err != nil {
+			return nil, 0, err
 		}
 		r.PossibleDuplicateEffect = pde == 1
 		r.AttemptedAt, r.OperationID, r.AttemptID, r.Fingerprint, r.CorrelationID = at.T, opID.String, attID.String, fp.String, corr.String
-		if err := fn(r); err != nil {
-			return err
-		}
+		out = append(out, r)
 	}
-	return storeError("audit export", rows.Err())
+	return out, last, rows.Err()
+}
+
+// withTimeout is ctx with a deadline d from now, or ctx itself when d is 0.
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // dbTime scans a timestamp from either dialect: PostgreSQL and SQLite's typed columns give a

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
@@ -46,6 +47,9 @@ func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
 		DB:        sqlDB,
 		Pool:      db.Pool,
 		Sessions:  NewSessionStorage(db),
+		// The deadline bounds each whole request, CPU work such as bcrypt included; under -race
+		// on shared cores that alone can take seconds. Tests of the deadline set their own.
+		StoreTimeout: 30 * time.Second,
 	}
 }
 

@@ -56,6 +56,24 @@ func apiAuth(auth *services.Auth, lim *authFailureLimiter) fiber.Handler {
 	}
 }
 
+// storeDeadline gives the request's context a deadline of the server's store timeout, so every
+// database call of the request (authentication, sessions, the handler's own) ends by then. A
+// call cut off by it fails with context.DeadlineExceeded, which the error handler answers 503
+// store_unavailable with Retry-After. That is also the answer when the deadline hits an
+// acquire's commit and idemgate cannot know whether it took effect: the client retries with
+// its attempt_id, which is admitted again either way, rather than being told 201 or 200.
+//
+// The request's own context comes back once the handlers return: the error page is rendered
+// after the deadline has passed, and rendering must not fail for it.
+func (s *Server) storeDeadline(c *fiber.Ctx) error {
+	parent := c.UserContext()
+	ctx, cancel := context.WithTimeout(parent, s.storeTimeout)
+	defer cancel()
+	c.SetUserContext(ctx)
+	defer c.SetUserContext(parent)
+	return c.Next()
+}
+
 // identityEncoding refuses request bodies with a Content-Encoding: Fiber would inflate them
 // behind BodyLimit's back (a 51 KB gzip body became 50 MB in memory), and no client of a JSON
 // API this small needs compression on the way in.

@@ -41,7 +41,15 @@ type Config struct {
 	Sessions fiber.Storage
 	// SecureCookies marks session and CSRF cookies Secure; set it when served over TLS.
 	SecureCookies bool
+	// StoreTimeout is the deadline of each request's database work (0: DefaultStoreTimeout).
+	// Past it the request is answered 503 store_unavailable with Retry-After, whatever the
+	// database is doing: a stalled database (connection open, no bytes) must not hold callers
+	// for the whole stall. The CSV export gets it per batch of rows.
+	StoreTimeout time.Duration
 }
+
+// DefaultStoreTimeout is Config.StoreTimeout's default.
+const DefaultStoreTimeout = 5 * time.Second
 
 // Server is the Fiber application with its dependencies.
 type Server struct {
@@ -53,6 +61,8 @@ type Server struct {
 	sessions *session.Store
 	metrics  *metrics
 	secure   bool
+	// storeTimeout bounds the database work of each request (Config.StoreTimeout).
+	storeTimeout time.Duration
 	// authFails counts failed API-key authentications per client address (security.go).
 	authFails *authFailureLimiter
 }
@@ -60,7 +70,10 @@ type Server struct {
 // New builds the Fiber application with every route of routes.go.
 func New(cfg Config) *Server {
 	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
-		authFails: newAuthFailureLimiter(cfg.Log)}
+		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout}
+	if s.storeTimeout <= 0 {
+		s.storeTimeout = DefaultStoreTimeout
+	}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "idemgate",
 		DisableStartupMessage: true,
@@ -99,6 +112,7 @@ func New(cfg Config) *Server {
 	s.app.Use(s.observe)
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
 	s.app.Use(rejectAmbiguousLength)
+	s.app.Use(s.storeDeadline)
 	s.routes(metricsGuard(cfg.MetricsToken), adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	return s
 }

@@ -13,15 +13,28 @@ import (
 // sessionStorage is a fiber.Storage over the sessions table, so dashboard sessions survive
 // restarts and are shared by every instance on one database (SPEC.md §5).
 type sessionStorage struct {
-	db *models.DB
+	db      *models.DB
+	timeout time.Duration
 }
 
 // NewSessionStorage returns a fiber.Storage that keeps sessions in db. Expired rows are ignored
-// on read and deleted by the reaper.
-func NewSessionStorage(db *models.DB) *sessionStorage { return &sessionStorage{db: db} }
+// on read and deleted by the reaper. Each call is bounded by DefaultStoreTimeout; see
+// WithTimeout.
+func NewSessionStorage(db *models.DB) *sessionStorage {
+	return &sessionStorage{db: db, timeout: DefaultStoreTimeout}
+}
+
+// WithTimeout sets the deadline of each call (Config.StoreTimeout: fiber.Storage passes no
+// request context, so the request's own deadline cannot reach it) and returns s.
+func (s *sessionStorage) WithTimeout(d time.Duration) *sessionStorage {
+	if d > 0 {
+		s.timeout = d
+	}
+	return s
+}
 
 func (s *sessionStorage) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 5*time.Second)
+	return context.WithTimeout(context.Background(), s.timeout)
 }
 
 // Get returns the session data, or nil when there is none or it expired.
