@@ -37,32 +37,52 @@ func securityHeaders(c *fiber.Ctx) error {
 	return c.Next()
 }
 
-// rejectAmbiguousLength refuses a request that carries Content-Length more than once with
-// different values (RFC 9112 §6.3: a recipient must treat it as unrecoverable). The HTTP server
-// silently takes the last one, so a proxy that takes the first would see another request
-// boundary than idemgate: the basis of request smuggling. The connection is closed after the
-// answer, since where this request ends is not known.
+// rejectAmbiguousLength refuses a request whose body length is ambiguous, and closes the
+// connection after the answer, since where this request ends (and the next begins) is not known:
+//   - Content-Length more than once with different values (RFC 9112 §6.3: a recipient must treat
+//     it as unrecoverable). The HTTP server silently takes the last one; a proxy that takes the
+//     first would see another request boundary than idemgate.
+//   - Content-Length together with Transfer-Encoding (RFC 9112 §6.1: the server must close the
+//     connection after such a request). The HTTP server reads the body as chunked; a proxy that
+//     honours Content-Length instead would take the rest of the chunked body for a pipelined
+//     request of its own.
+//
+// Both are the basis of request smuggling.
 func rejectAmbiguousLength(c *fiber.Ctx) error {
-	// The parsed header keeps one Content-Length; the raw header block keeps them all.
-	if countContentLength(c.Request().Header.RawHeaders()) > 1 {
+	// The parsed header keeps one Content-Length and folds Transfer-Encoding into "chunked";
+	// the raw header block keeps every line as received.
+	lengths, transferEncoding := framingHeaders(c.Request().Header.RawHeaders())
+	switch {
+	case lengths > 1:
 		c.Context().SetConnectionClose()
 		return fieldError(fiber.HeaderContentLength,
 			"must appear once (two different lengths make the end of the request ambiguous)")
+	case lengths > 0 && transferEncoding:
+		c.Context().SetConnectionClose()
+		return fieldError(fiber.HeaderContentLength,
+			"must not be sent with Transfer-Encoding (the two make the end of the request ambiguous)")
 	}
 	return c.Next()
 }
 
-// countContentLength counts the distinct values of Content-Length lines in raw request
-// headers ("Name: value\r\n" lines, as received).
-func countContentLength(raw []byte) int {
+// framingHeaders reads raw request headers ("Name: value\r\n" lines, as received): the number
+// of distinct Content-Length values, and whether any Transfer-Encoding line is present.
+func framingHeaders(raw []byte) (lengths int, transferEncoding bool) {
 	values := map[string]bool{}
 	for _, line := range bytes.Split(raw, []byte("\n")) {
 		name, value, ok := bytes.Cut(line, []byte(":"))
-		if ok && bytes.EqualFold(bytes.TrimSpace(name), []byte(fiber.HeaderContentLength)) {
+		if !ok {
+			continue
+		}
+		name = bytes.TrimSpace(name)
+		switch {
+		case bytes.EqualFold(name, []byte(fiber.HeaderContentLength)):
 			values[string(bytes.TrimSpace(value))] = true
+		case bytes.EqualFold(name, []byte(fiber.HeaderTransferEncoding)):
+			transferEncoding = true
 		}
 	}
-	return len(values)
+	return len(values), transferEncoding
 }
 
 // Failed API-key authentications allowed per client address per authFailureWindow.

@@ -194,3 +194,48 @@ func TestAmbiguousContentLengthRefused(t *testing.T) {
 	resp, p = send("twice", n, n)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%v", p)
 }
+
+// TestContentLengthWithChunkedRefused: Content-Length together with Transfer-Encoding is a 400
+// and the connection is closed (RFC 9112 §6.1: the server must close the connection after such
+// a request, since a proxy that honours Content-Length sees another boundary than one that
+// honours the chunked framing). The request behind it on the same connection is never answered,
+// and the smuggled acquire wrote nothing.
+func TestContentLengthWithChunkedRefused(t *testing.T) {
+	s := newTestServer(t, dbs.Postgres)
+	c := newTenantClient(t, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+
+	for _, te := range []string{"chunked", "gzip, chunked", "Chunked"} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		body := `{"key":"te-cl-smuggle","ttl_seconds":60}`
+		chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+		first := "POST /v1/acquire HTTP/1.1\r\nHost: idemgate\r\nAuthorization: Bearer " + c.key + "\r\n" +
+			"Content-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(chunked)) + "\r\n" +
+			"Transfer-Encoding: " + te + "\r\n\r\n" + chunked
+		second := "GET /v1/keys/te-cl-pipelined HTTP/1.1\r\nHost: idemgate\r\nAuthorization: Bearer " + c.key + "\r\n\r\n"
+		_, err = io.WriteString(conn, first+second)
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		r := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(r, nil)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var p map[string]any
+		_ = json.Unmarshal(raw, &p)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "Transfer-Encoding %q: %s", te, raw)
+		require.Equal(t, "invalid_request", p["code"])
+		require.True(t, resp.Close, "the connection is closed after the answer")
+		next, err := http.ReadResponse(r, nil)
+		if err == nil {
+			next.Body.Close()
+			t.Fatalf("Transfer-Encoding %q: the pipelined request was answered %d", te, next.StatusCode)
+		}
+	}
+	problemOf(t, c.do("GET", "/v1/keys/te-cl-smuggle", nil), 404, "not_found")
+}
