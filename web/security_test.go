@@ -78,9 +78,10 @@ func browser(t *testing.T, s *Server, path string) apiResult {
 	return apiResult{status: resp.StatusCode, header: resp.Header}
 }
 
-// TestAPIAuthFailuresRateLimited: authFailures refused keys from one address, then every API
-// request from it is refused with 429 rate_limited and Retry-After until the window ends.
-// Successful requests never count, so a busy client with a valid key is unaffected.
+// TestAPIAuthFailuresRateLimited: after authFailures refused keys from one address, that
+// address's failures answer 429 rate_limited with Retry-After until the window ends, while every
+// valid key from the same address still gets through (issue 9: one misconfigured service
+// behind a NAT or proxy locked out every tenant there). Successes never count.
 func TestAPIAuthFailuresRateLimited(t *testing.T) {
 	eachServer(t, func(t *testing.T, s *Server) {
 		now := time.Now()
@@ -110,11 +111,17 @@ func TestAPIAuthFailuresRateLimited(t *testing.T) {
 		require.Equal(t, int(authFailureWindow/time.Second), retry)
 		require.NotEmpty(t, res.body["request_id"])
 		require.Equal(t, "nosniff", res.header.Get("X-Content-Type-Options"))
+		// Another bad key, never seen before, is limited too; so is a request with none.
+		other := &apiClient{t: t, s: s, key: "idg_another_wrong_key_111111111"}
+		problemOf(t, other.do("GET", "/v1/keys", nil), 429, "rate_limited")
+		problemOf(t, anon.do("GET", "/v1/keys", nil), 429, "rate_limited")
 
-		// Blocked means blocked: a valid key from that address is not looked at either,
-		// otherwise the block would still check every guess.
-		res = problemOf(t, acquire(good, "while-blocked", nil), 429, "rate_limited")
-		require.NotEmpty(t, res.header.Get("Retry-After"))
+		// Valid keys from the limited address are not refused for others' failures: the one in
+		// use, and one created (so never seen, not in any cache) while the address is limited.
+		require.Equal(t, 201, acquire(good, "while-limited", nil).status)
+		fresh := newTenantClient(t, s)
+		require.Equal(t, 201, acquire(fresh, "fresh-while-limited", nil).status)
+		require.Equal(t, 200, fresh.do("GET", "/v1/keys/fresh-while-limited", nil).status)
 		// Operational endpoints and the dashboard are not behind API-key auth.
 		require.Equal(t, 200, anon.do("GET", "/healthz", nil).status)
 
@@ -122,31 +129,47 @@ func TestAPIAuthFailuresRateLimited(t *testing.T) {
 		res = problemOf(t, bad.do("GET", "/v1/keys", nil), 429, "rate_limited")
 		require.Equal(t, strconv.Itoa(int(authFailureWindow/2/time.Second)-1), res.header.Get("Retry-After"))
 
-		// The window ends: the valid key works again and the bad one gets a fresh count.
+		// The window ends: the bad key gets a fresh count.
 		now = now.Add(authFailureWindow / 2)
 		require.Equal(t, 201, acquire(good, "after-window", nil).status)
 		problemOf(t, bad.do("GET", "/v1/keys", nil), 401, "unauthorized")
 	})
 }
 
-// TestAuthFailureLimiterPerAddress: addresses are counted apart, and the table is bounded.
+// TestAuthFailureLimiterPerAddress: addresses are counted apart; a limited address's bad keys
+// that already failed are refused without being looked up again, fresh ones are looked up (they
+// may be valid); the tables are bounded.
 func TestAuthFailureLimiterPerAddress(t *testing.T) {
 	now := time.Now()
 	l := newAuthFailureLimiter(nil)
 	l.now = func() time.Time { return now }
 	for i := 0; i < authFailures; i++ {
-		_, blocked := l.blocked("10.0.0.1")
-		require.False(t, blocked)
-		require.Equal(t, i == authFailures-1, l.fail("10.0.0.1"), "reaching the limit is reported once")
+		_, known := l.knownBad("10.0.0.1", "bad-1")
+		require.False(t, known, "below the limit every key is looked up")
+		require.Equal(t, i == authFailures-1, l.fail("10.0.0.1", "bad-1"), "reaching the limit is reported once")
 	}
-	_, blocked := l.blocked("10.0.0.1")
-	require.True(t, blocked)
-	_, blocked = l.blocked("10.0.0.2")
-	require.False(t, blocked, "another address is not affected")
-	require.False(t, l.fail("10.0.0.1"), "already reported in this window")
+	_, limited := l.limited("10.0.0.1")
+	require.True(t, limited)
+	wait, known := l.knownBad("10.0.0.1", "bad-1")
+	require.True(t, known, "a bad key that failed from a limited address is refused from memory")
+	require.Equal(t, authFailureWindow, wait)
+	_, known = l.knownBad("10.0.0.1", "maybe-valid")
+	require.False(t, known, "a key the address has not failed with is looked up")
+	_, known = l.knownBad("10.0.0.2", "bad-1")
+	require.False(t, known, "another address is not affected")
+	_, limited = l.limited("10.0.0.2")
+	require.False(t, limited)
+	require.False(t, l.fail("10.0.0.1", "bad-2"), "already reported in this window")
+
+	for i := 0; i < 2*maxBadKeysPerAddr; i++ {
+		l.fail("10.0.0.1", fmt.Sprintf("spray-%d", i))
+	}
+	l.mu.Lock()
+	require.LessOrEqual(t, len(l.addrs["10.0.0.1"].bad), maxBadKeysPerAddr)
+	l.mu.Unlock()
 
 	for i := 0; i < maxTrackedAddrs+10; i++ {
-		l.fail(fmt.Sprintf("addr-%d", i))
+		l.fail(fmt.Sprintf("addr-%d", i), "k")
 	}
 	l.mu.Lock()
 	n := len(l.addrs)
