@@ -18,7 +18,7 @@ type Config struct {
 	DatabaseURL     string        // DATABASE_URL; PostgreSQL when set, else SQLite
 	SQLitePath      string        // IDEMGATE_SQLITE_PATH, default ./idemgate.db
 	DBMaxConns      int           // IDEMGATE_DB_MAX_CONNS, PostgreSQL pool size, default 16
-	MaxTTL          time.Duration // IDEMGATE_MAX_TTL, largest ttl_seconds, default 30d
+	MaxTTL          time.Duration // IDEMGATE_MAX_TTL, largest ttl_seconds, default 30d, at most services.MaxTTL (2^31-1 s)
 	Retention       time.Duration // IDEMGATE_RETENTION, evidence kept after an operation ends, default 90d
 	ReapInterval    time.Duration // IDEMGATE_REAP_INTERVAL, time between reaper passes, default 30s
 	AdminPassword   string        // IDEMGATE_ADMIN_PASSWORD, bootstrap admin password (else generated)
@@ -77,6 +77,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	if c.MaxTTL < time.Second {
 		errs = append(errs, errors.New("IDEMGATE_MAX_TTL must be at least 1s"))
+	} else if c.MaxTTL > services.MaxTTL {
+		// Refused rather than cut: an operator who asked for more must learn at start that
+		// ttl_seconds above the ceiling will be refused, not find out from clients' 400s.
+		errs = append(errs, fmt.Errorf("IDEMGATE_MAX_TTL=%s is beyond the largest TTL the stores hold exactly: at most %d seconds (%s)",
+			c.MaxTTL, services.MaxTTLSeconds, services.MaxTTL))
 	}
 	c.DBMaxConns = 16
 	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {

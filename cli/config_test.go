@@ -2,10 +2,13 @@ package cli
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
 
@@ -78,4 +81,25 @@ func FuzzParseDuration(f *testing.F) {
 			t.Fatalf("parseDuration(%q) = %v", s, d)
 		}
 	})
+}
+
+// TestLoadConfigRefusesMaxTTLBeyondStores: IDEMGATE_MAX_TTL above services.MaxTTL (2^31-1
+// seconds, what PostgreSQL's integer TTL parameter holds) is refused at start with the
+// variable's name and the ceiling, and serve stops before it opens or migrates a database (the
+// SQLite file is never created). The ceiling itself is accepted.
+func TestLoadConfigRefusesMaxTTLBeyondStores(t *testing.T) {
+	for _, v := range []string{"2147483648", "24856d", "596524h"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": v}))
+		require.ErrorContains(t, err, "IDEMGATE_MAX_TTL", v)
+		require.ErrorContains(t, err, "2147483647", v)
+	}
+	c, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "2147483647"}))
+	require.NoError(t, err)
+	require.Equal(t, services.MaxTTL, c.MaxTTL)
+
+	path := filepath.Join(t.TempDir(), "never.db")
+	_, _, err = run(t, map[string]string{"IDEMGATE_SQLITE_PATH": path, "IDEMGATE_MAX_TTL": "24856d"}, "", "serve")
+	require.ErrorContains(t, err, "IDEMGATE_MAX_TTL")
+	_, statErr := os.Stat(path)
+	require.True(t, os.IsNotExist(statErr), "the database was opened: %v", statErr)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -15,6 +16,16 @@ import (
 
 // DefaultMaxTTL is the largest ttl_seconds accepted unless configured otherwise (SPEC.md §4).
 const DefaultMaxTTL = 30 * 24 * time.Hour
+
+// MaxTTLSeconds is the largest ttl_seconds any configuration may allow: 2^31-1 seconds (about
+// 68 years), the largest value PostgreSQL's acquire function takes in its integer (int4) TTL
+// parameter. SQLite could hold more, but both stores must give the same answer, so a larger
+// ttl_seconds is refused as invalid_request on both before any store call.
+const MaxTTLSeconds = math.MaxInt32
+
+// MaxTTL is MaxTTLSeconds as a duration: the ceiling of a configured maximum TTL
+// (IDEMGATE_MAX_TTL is refused at start above it; NewAdmission cuts a larger one to it).
+const MaxTTL = MaxTTLSeconds * time.Second
 
 // Admission decides admission and records outcomes and releases (SPEC.md §3–4). It is safe for
 // concurrent use by any number of goroutines and server processes sharing one database.
@@ -26,11 +37,13 @@ type Admission struct {
 }
 
 // NewAdmission returns an Admission over db. maxTTL bounds ttl_seconds (0 means
-// DefaultMaxTTL). It reports its decisions to nobody; see WithObserver.
+// DefaultMaxTTL; above MaxTTL it is cut to MaxTTL, which the configuration refuses at start
+// anyway). It reports its decisions to nobody; see WithObserver.
 func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admission {
 	if maxTTL <= 0 {
 		maxTTL = DefaultMaxTTL
 	}
+	maxTTL = min(maxTTL, MaxTTL)
 	return &Admission{db: db, log: log, maxTTL: maxTTL, obs: nopObserver{}}
 }
 
@@ -59,7 +72,7 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 		}
 	}
 	add("key", ValidateKey(in.Key))
-	maxSecs := int64(maxTTL / time.Second)
+	maxSecs := min(int64(maxTTL/time.Second), MaxTTLSeconds)
 	if in.TTLSeconds < 1 || in.TTLSeconds > maxSecs {
 		add("ttl_seconds", fmt.Sprintf("must be an integer from 1 to %d", maxSecs))
 	}

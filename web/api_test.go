@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
 
@@ -139,6 +141,23 @@ func TestAPIAcquireStatusCodes(t *testing.T) {
 		require.NotContains(t, conflict.raw, "holder-fp-7d1e", "the holder's fingerprint is not revealed")
 		problemOf(t, acquire(c, "k1", map[string]any{"operation": "refund", "fingerprint": "holder-fp-7d1e"}), 422, "fingerprint_mismatch")
 	})
+}
+
+// TestAPIAcquireTTLCeiling: with a maximum TTL beyond what the stores hold (as a library user
+// of services.NewAdmission could configure), ttl_seconds 2^31 is 400 invalid_request on both
+// dialects (it was 500 on PostgreSQL and 201 on SQLite) and 2^31-1 is admitted on both.
+func TestAPIAcquireTTLCeiling(t *testing.T) {
+	for _, db := range dbs.All() {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			log := slog.New(slog.DiscardHandler)
+			cfg := testConfig(t, db, log)
+			cfg.Admission = services.NewAdmission(db, log, 100*24*365*time.Hour)
+			c := newTenantClient(t, New(cfg))
+			res := problemOf(t, c.do("POST", "/v1/acquire", `{"key":"ttl-2-31","ttl_seconds":2147483648}`), 400, "invalid_request")
+			require.Equal(t, []string{"ttl_seconds"}, fieldNames(res))
+			require.Equal(t, 201, c.do("POST", "/v1/acquire", `{"key":"ttl-2-31","ttl_seconds":2147483647}`).status)
+		})
+	}
 }
 
 func TestAPIValidation(t *testing.T) {

@@ -26,26 +26,36 @@ const (
 )
 
 // apiAuth authenticates the Bearer API key of SPEC.md §4 and stores the tenant's principal for
-// principal(c). Failed authentications are counted per client address by lim; a blocked
-// address is refused before its key is looked at. Errors: services.ErrUnauthorized,
+// principal(c). The key is checked first, so a valid key is never refused for the failures of
+// others at the same address (authFailureLimiter); failed authentications are counted per client
+// address, and once the address is over the limit its failures answer 429 instead of 401, keys
+// that already failed from it without a lookup. Errors: services.ErrUnauthorized,
 // services.ErrRateLimited, services.ErrStoreUnavailable.
 func apiAuth(auth *services.Auth, lim *authFailureLimiter) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		addr := c.IP()
-		if wait, blocked := lim.blocked(addr); blocked {
+		scheme, token, ok := strings.Cut(c.Get(fiber.HeaderAuthorization), " ")
+		token = strings.TrimSpace(token)
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			token = ""
+		}
+		if wait, known := lim.knownBad(addr, token); known {
 			return refuseRateLimited(c, wait)
 		}
-		h := c.Get(fiber.HeaderAuthorization)
-		scheme, token, ok := strings.Cut(h, " ")
 		var p services.Principal
 		var err error = services.ErrUnauthorized
-		if ok && strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(token) != "" {
-			p, err = auth.Authenticate(c.UserContext(), strings.TrimSpace(token))
+		if token != "" {
+			p, err = auth.Authenticate(c.UserContext(), token)
 		}
 		if errors.Is(err, services.ErrUnauthorized) {
-			// Only refused keys count: a database outage is not the client's failure.
-			if lim.fail(addr) {
+			// Only refused keys count: a database outage is not the client's failure. The
+			// failure that reaches the limit is still told 401; the ones after it 429.
+			wait, limited := lim.limited(addr)
+			if lim.fail(addr, token) {
 				lim.log.WarnContext(c.UserContext(), "API authentication failures rate limited", "ip", addr)
+			}
+			if limited {
+				return refuseRateLimited(c, wait)
 			}
 			return err
 		} else if err != nil {

@@ -2,6 +2,7 @@ package web
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"log/slog"
 	"math"
 	"strconv"
@@ -37,32 +38,52 @@ func securityHeaders(c *fiber.Ctx) error {
 	return c.Next()
 }
 
-// rejectAmbiguousLength refuses a request that carries Content-Length more than once with
-// different values (RFC 9112 §6.3: a recipient must treat it as unrecoverable). The HTTP server
-// silently takes the last one, so a proxy that takes the first would see another request
-// boundary than idemgate: the basis of request smuggling. The connection is closed after the
-// answer, since where this request ends is not known.
+// rejectAmbiguousLength refuses a request whose body length is ambiguous, and closes the
+// connection after the answer, since where this request ends (and the next begins) is not known:
+//   - Content-Length more than once with different values (RFC 9112 §6.3: a recipient must treat
+//     it as unrecoverable). The HTTP server silently takes the last one; a proxy that takes the
+//     first would see another request boundary than idemgate.
+//   - Content-Length together with Transfer-Encoding (RFC 9112 §6.1: the server must close the
+//     connection after such a request). The HTTP server reads the body as chunked; a proxy that
+//     honours Content-Length instead would take the rest of the chunked body for a pipelined
+//     request of its own.
+//
+// Both are the basis of request smuggling.
 func rejectAmbiguousLength(c *fiber.Ctx) error {
-	// The parsed header keeps one Content-Length; the raw header block keeps them all.
-	if countContentLength(c.Request().Header.RawHeaders()) > 1 {
+	// The parsed header keeps one Content-Length and folds Transfer-Encoding into "chunked";
+	// the raw header block keeps every line as received.
+	lengths, transferEncoding := framingHeaders(c.Request().Header.RawHeaders())
+	switch {
+	case lengths > 1:
 		c.Context().SetConnectionClose()
 		return fieldError(fiber.HeaderContentLength,
 			"must appear once (two different lengths make the end of the request ambiguous)")
+	case lengths > 0 && transferEncoding:
+		c.Context().SetConnectionClose()
+		return fieldError(fiber.HeaderContentLength,
+			"must not be sent with Transfer-Encoding (the two make the end of the request ambiguous)")
 	}
 	return c.Next()
 }
 
-// countContentLength counts the distinct values of Content-Length lines in raw request
-// headers ("Name: value\r\n" lines, as received).
-func countContentLength(raw []byte) int {
+// framingHeaders reads raw request headers ("Name: value\r\n" lines, as received): the number
+// of distinct Content-Length values, and whether any Transfer-Encoding line is present.
+func framingHeaders(raw []byte) (lengths int, transferEncoding bool) {
 	values := map[string]bool{}
 	for _, line := range bytes.Split(raw, []byte("\n")) {
 		name, value, ok := bytes.Cut(line, []byte(":"))
-		if ok && bytes.EqualFold(bytes.TrimSpace(name), []byte(fiber.HeaderContentLength)) {
+		if !ok {
+			continue
+		}
+		name = bytes.TrimSpace(name)
+		switch {
+		case bytes.EqualFold(name, []byte(fiber.HeaderContentLength)):
 			values[string(bytes.TrimSpace(value))] = true
+		case bytes.EqualFold(name, []byte(fiber.HeaderTransferEncoding)):
+			transferEncoding = true
 		}
 	}
-	return len(values)
+	return len(values), transferEncoding
 }
 
 // Failed API-key authentications allowed per client address per authFailureWindow.
@@ -73,21 +94,35 @@ const (
 	// that is not enough, the table is emptied (an attacker with that many addresses is not
 	// stopped by a per-address limit anyway).
 	maxTrackedAddrs = 100_000
+	// maxBadKeysPerAddr bounds the bad keys remembered per address; further ones are still
+	// refused with 429, only after a lookup.
+	maxBadKeysPerAddr = 64
 )
 
 // authFailureLimiter counts failed API-key authentications per client address in fixed
-// windows. Only failures count, so a busy client with a valid key never reaches the limit.
-// Once an address has failed authFailures times in a window, every API request from it is
-// refused with 429 rate_limited until the window ends, whatever key it carries: letting valid
-// keys through would mean checking each guess, which is what the limit is there to stop.
+// windows. Only failures count, so a busy client with a valid key never reaches the limit, and
+// only failures are limited: once an address has failed authFailures times in a window, its
+// further failures answer 429 rate_limited (with Retry-After) instead of 401 until the window
+// ends, but a valid key from it is still let through. One misconfigured service behind a NAT or
+// a reverse proxy, where many clients share an address, must not lock out every tenant there.
 //
-// The count is in process memory, so each instance counts on its own: with N instances an
-// address gets up to N×authFailures attempts per window. The address is the TCP peer (c.IP());
-// behind a reverse proxy all clients share the proxy's address and its limit.
+// The key is therefore checked before the limit is applied. What the limit protects is the
+// database and the logs from a client that keeps presenting bad keys: a limited address's keys
+// that already failed in this window (remembered by their SHA-256, at most maxBadKeysPerAddr)
+// are refused from memory without a lookup, and the limit is logged once per window. It does
+// not slow a guesser who sends a new key each time (each is one indexed lookup by hash, as for
+// any request): refusing unknown keys from a limited address unchecked would refuse the valid
+// keys of its neighbours, and guessing cannot succeed anyway, since API keys are random secrets
+// of at least 144 bits (256 when generated). A key that failed and is created afterwards (only a
+// supplied bootstrap key can be) is refused from that address until the window ends.
 //
-// Fiber's limiter middleware is not used because its SkipSuccessfulRequests looks at the
-// response status when the chain returns, before the error handler has turned an error into
-// 401, so returned errors would count as successes and handlers' own 4xx as failures.
+// The count is in process memory, so each instance counts on its own. The address is the TCP
+// peer (c.IP()); behind a reverse proxy all clients share the proxy's address.
+//
+// Fiber's limiter middleware is not used because it decides before the handler whether to
+// refuse, whatever the key, and its SkipSuccessfulRequests looks at the response status when
+// the chain returns, before the error handler has turned an error into 401, so returned errors
+// would count as successes and handlers' own 4xx as failures.
 type authFailureLimiter struct {
 	max    int
 	window time.Duration
@@ -102,6 +137,8 @@ type failureWindow struct {
 	start  time.Time
 	n      int
 	logged bool
+	// bad holds the hashes of the keys that failed from this address in this window.
+	bad map[[sha256.Size]byte]bool
 }
 
 func newAuthFailureLimiter(log *slog.Logger) *authFailureLimiter {
@@ -112,38 +149,66 @@ func newAuthFailureLimiter(log *slog.Logger) *authFailureLimiter {
 		addrs: map[string]*failureWindow{}}
 }
 
-// blocked returns how long addr must wait, and whether it is blocked now.
-func (l *authFailureLimiter) blocked(addr string) (time.Duration, bool) {
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// current returns addr's window if it is still open, dropping an expired one. l.mu is held.
+func (l *authFailureLimiter) current(addr string, now time.Time) *failureWindow {
 	w, ok := l.addrs[addr]
 	if !ok {
-		return 0, false
+		return nil
 	}
-	end := w.start.Add(l.window)
-	if !now.Before(end) {
+	if !now.Before(w.start.Add(l.window)) {
 		delete(l.addrs, addr)
-		return 0, false
+		return nil
 	}
-	return end.Sub(now), w.n >= l.max
+	return w
 }
 
-// fail records one failed authentication from addr and reports whether it reached the limit
-// with this failure (for a single log line per window).
-func (l *authFailureLimiter) fail(addr string) bool {
+// limited returns how long addr's window still runs, and whether addr is over the limit now.
+func (l *authFailureLimiter) limited(addr string) (time.Duration, bool) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w, ok := l.addrs[addr]
-	if !ok || !now.Before(w.start.Add(l.window)) {
-		if !ok && len(l.addrs) >= maxTrackedAddrs {
+	w := l.current(addr, now)
+	if w == nil {
+		return 0, false
+	}
+	return w.start.Add(l.window).Sub(now), w.n >= l.max
+}
+
+// knownBad reports whether addr is over the limit and already failed with this key (the
+// presented secret) in the window: then it can be refused without a lookup. wait is how long
+// the window still runs.
+func (l *authFailureLimiter) knownBad(addr, key string) (wait time.Duration, known bool) {
+	now := l.now()
+	h := sha256.Sum256([]byte(key))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.current(addr, now)
+	if w == nil || w.n < l.max || !w.bad[h] {
+		return 0, false
+	}
+	return w.start.Add(l.window).Sub(now), true
+}
+
+// fail records one failed authentication from addr with key (the presented secret, "" when
+// none) and reports whether addr reached the limit with this failure (for a single log line
+// per window).
+func (l *authFailureLimiter) fail(addr, key string) bool {
+	now := l.now()
+	h := sha256.Sum256([]byte(key))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.current(addr, now)
+	if w == nil {
+		if len(l.addrs) >= maxTrackedAddrs {
 			l.prune(now)
 		}
-		w = &failureWindow{start: now}
+		w = &failureWindow{start: now, bad: map[[sha256.Size]byte]bool{}}
 		l.addrs[addr] = w
 	}
 	w.n++
+	if len(w.bad) < maxBadKeysPerAddr {
+		w.bad[h] = true
+	}
 	if w.n >= l.max && !w.logged {
 		w.logged = true
 		return true

@@ -78,9 +78,10 @@ func browser(t *testing.T, s *Server, path string) apiResult {
 	return apiResult{status: resp.StatusCode, header: resp.Header}
 }
 
-// TestAPIAuthFailuresRateLimited: authFailures refused keys from one address, then every API
-// request from it is refused with 429 rate_limited and Retry-After until the window ends.
-// Successful requests never count, so a busy client with a valid key is unaffected.
+// TestAPIAuthFailuresRateLimited: after authFailures refused keys from one address, that
+// address's failures answer 429 rate_limited with Retry-After until the window ends, while every
+// valid key from the same address still gets through (issue 9: one misconfigured service
+// behind a NAT or proxy locked out every tenant there). Successes never count.
 func TestAPIAuthFailuresRateLimited(t *testing.T) {
 	eachServer(t, func(t *testing.T, s *Server) {
 		now := time.Now()
@@ -110,11 +111,17 @@ func TestAPIAuthFailuresRateLimited(t *testing.T) {
 		require.Equal(t, int(authFailureWindow/time.Second), retry)
 		require.NotEmpty(t, res.body["request_id"])
 		require.Equal(t, "nosniff", res.header.Get("X-Content-Type-Options"))
+		// Another bad key, never seen before, is limited too; so is a request with none.
+		other := &apiClient{t: t, s: s, key: "idg_another_wrong_key_111111111"}
+		problemOf(t, other.do("GET", "/v1/keys", nil), 429, "rate_limited")
+		problemOf(t, anon.do("GET", "/v1/keys", nil), 429, "rate_limited")
 
-		// Blocked means blocked: a valid key from that address is not looked at either,
-		// otherwise the block would still check every guess.
-		res = problemOf(t, acquire(good, "while-blocked", nil), 429, "rate_limited")
-		require.NotEmpty(t, res.header.Get("Retry-After"))
+		// Valid keys from the limited address are not refused for others' failures: the one in
+		// use, and one created (so never seen, not in any cache) while the address is limited.
+		require.Equal(t, 201, acquire(good, "while-limited", nil).status)
+		fresh := newTenantClient(t, s)
+		require.Equal(t, 201, acquire(fresh, "fresh-while-limited", nil).status)
+		require.Equal(t, 200, fresh.do("GET", "/v1/keys/fresh-while-limited", nil).status)
 		// Operational endpoints and the dashboard are not behind API-key auth.
 		require.Equal(t, 200, anon.do("GET", "/healthz", nil).status)
 
@@ -122,31 +129,47 @@ func TestAPIAuthFailuresRateLimited(t *testing.T) {
 		res = problemOf(t, bad.do("GET", "/v1/keys", nil), 429, "rate_limited")
 		require.Equal(t, strconv.Itoa(int(authFailureWindow/2/time.Second)-1), res.header.Get("Retry-After"))
 
-		// The window ends: the valid key works again and the bad one gets a fresh count.
+		// The window ends: the bad key gets a fresh count.
 		now = now.Add(authFailureWindow / 2)
 		require.Equal(t, 201, acquire(good, "after-window", nil).status)
 		problemOf(t, bad.do("GET", "/v1/keys", nil), 401, "unauthorized")
 	})
 }
 
-// TestAuthFailureLimiterPerAddress: addresses are counted apart, and the table is bounded.
+// TestAuthFailureLimiterPerAddress: addresses are counted apart; a limited address's bad keys
+// that already failed are refused without being looked up again, fresh ones are looked up (they
+// may be valid); the tables are bounded.
 func TestAuthFailureLimiterPerAddress(t *testing.T) {
 	now := time.Now()
 	l := newAuthFailureLimiter(nil)
 	l.now = func() time.Time { return now }
 	for i := 0; i < authFailures; i++ {
-		_, blocked := l.blocked("10.0.0.1")
-		require.False(t, blocked)
-		require.Equal(t, i == authFailures-1, l.fail("10.0.0.1"), "reaching the limit is reported once")
+		_, known := l.knownBad("10.0.0.1", "bad-1")
+		require.False(t, known, "below the limit every key is looked up")
+		require.Equal(t, i == authFailures-1, l.fail("10.0.0.1", "bad-1"), "reaching the limit is reported once")
 	}
-	_, blocked := l.blocked("10.0.0.1")
-	require.True(t, blocked)
-	_, blocked = l.blocked("10.0.0.2")
-	require.False(t, blocked, "another address is not affected")
-	require.False(t, l.fail("10.0.0.1"), "already reported in this window")
+	_, limited := l.limited("10.0.0.1")
+	require.True(t, limited)
+	wait, known := l.knownBad("10.0.0.1", "bad-1")
+	require.True(t, known, "a bad key that failed from a limited address is refused from memory")
+	require.Equal(t, authFailureWindow, wait)
+	_, known = l.knownBad("10.0.0.1", "maybe-valid")
+	require.False(t, known, "a key the address has not failed with is looked up")
+	_, known = l.knownBad("10.0.0.2", "bad-1")
+	require.False(t, known, "another address is not affected")
+	_, limited = l.limited("10.0.0.2")
+	require.False(t, limited)
+	require.False(t, l.fail("10.0.0.1", "bad-2"), "already reported in this window")
+
+	for i := 0; i < 2*maxBadKeysPerAddr; i++ {
+		l.fail("10.0.0.1", fmt.Sprintf("spray-%d", i))
+	}
+	l.mu.Lock()
+	require.LessOrEqual(t, len(l.addrs["10.0.0.1"].bad), maxBadKeysPerAddr)
+	l.mu.Unlock()
 
 	for i := 0; i < maxTrackedAddrs+10; i++ {
-		l.fail(fmt.Sprintf("addr-%d", i))
+		l.fail(fmt.Sprintf("addr-%d", i), "k")
 	}
 	l.mu.Lock()
 	n := len(l.addrs)
@@ -193,4 +216,49 @@ func TestAmbiguousContentLengthRefused(t *testing.T) {
 	n = len(`{"key":"twice","ttl_seconds":60}`)
 	resp, p = send("twice", n, n)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%v", p)
+}
+
+// TestContentLengthWithChunkedRefused: Content-Length together with Transfer-Encoding is a 400
+// and the connection is closed (RFC 9112 §6.1: the server must close the connection after such
+// a request, since a proxy that honours Content-Length sees another boundary than one that
+// honours the chunked framing). The request behind it on the same connection is never answered,
+// and the smuggled acquire wrote nothing.
+func TestContentLengthWithChunkedRefused(t *testing.T) {
+	s := newTestServer(t, dbs.Postgres)
+	c := newTenantClient(t, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+
+	for _, te := range []string{"chunked", "gzip, chunked", "Chunked"} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		body := `{"key":"te-cl-smuggle","ttl_seconds":60}`
+		chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+		first := "POST /v1/acquire HTTP/1.1\r\nHost: idemgate\r\nAuthorization: Bearer " + c.key + "\r\n" +
+			"Content-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(chunked)) + "\r\n" +
+			"Transfer-Encoding: " + te + "\r\n\r\n" + chunked
+		second := "GET /v1/keys/te-cl-pipelined HTTP/1.1\r\nHost: idemgate\r\nAuthorization: Bearer " + c.key + "\r\n\r\n"
+		_, err = io.WriteString(conn, first+second)
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		r := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(r, nil)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var p map[string]any
+		_ = json.Unmarshal(raw, &p)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "Transfer-Encoding %q: %s", te, raw)
+		require.Equal(t, "invalid_request", p["code"])
+		require.True(t, resp.Close, "the connection is closed after the answer")
+		next, err := http.ReadResponse(r, nil)
+		if err == nil {
+			next.Body.Close()
+			t.Fatalf("Transfer-Encoding %q: the pipelined request was answered %d", te, next.StatusCode)
+		}
+	}
+	problemOf(t, c.do("GET", "/v1/keys/te-cl-smuggle", nil), 404, "not_found")
 }

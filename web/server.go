@@ -112,6 +112,7 @@ func New(cfg Config) *Server {
 	s.app.Use(s.observe)
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
 	s.app.Use(rejectAmbiguousLength)
+	s.app.Use(rejectUnstorableParams)
 	s.app.Use(s.storeDeadline)
 	s.routes(metricsGuard(cfg.MetricsToken), adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	return s

@@ -352,11 +352,18 @@ func TestRateLimited(t *testing.T) {
 		}
 		require.ErrorIs(t, err, client.ErrUnauthorized)
 	}
-	// Now even a valid key is refused until Retry-After; the client does not wait past the
-	// call's deadline for it.
-	var retries int
-	c := newClient(t, srv, client.WithTimeout(5*time.Second), client.WithRetryNotify(func(client.RetryEvent) { retries++ }))
+	// A valid key from the same address is not refused for the bad one's failures: "k" was
+	// never acquired, so the call reaches the server and gets its 404.
+	c := newClient(t, srv)
 	_, err = c.GetKey(ctx(t), "k")
+	require.ErrorIs(t, err, client.ErrNotFound)
+	// The bad key stays refused until Retry-After; the client does not wait past the call's
+	// deadline for it.
+	var retries int
+	limited, err := client.New(srv.URL, "idg_not-a-real-key-at-all-000000", client.WithTimeout(5*time.Second),
+		client.WithRetryNotify(func(client.RetryEvent) { retries++ }))
+	require.NoError(t, err)
+	_, err = limited.GetKey(ctx(t), "k")
 	require.ErrorIs(t, err, client.ErrRateLimited)
 	require.ErrorAs(t, err, &p)
 	require.Equal(t, 429, p.Status)
