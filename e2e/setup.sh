@@ -59,6 +59,11 @@ driver_in_place() {
 
 if ! driver_in_place "$dest"; then
   log "building playwright driver $ver in $dest"
+  if ! command -v npm >/dev/null && [ -n "${SUDO+x}" ] && command -v apt-get >/dev/null; then
+    log "npm not found: installing Debian's npm (needed once, to fetch playwright-core@$ver)"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
   command -v npm >/dev/null || die "npm not found (needed once, to fetch playwright-core@$ver)"
   mkdir -p "$(dirname "$dest")"
   tmp=$(mktemp -d "$(dirname "$dest")/.e2e-setup.XXXXXX") && chmod 755 "$tmp"

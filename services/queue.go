@@ -23,13 +23,6 @@ type OperationFilter struct {
 	Cursor string
 }
 
-// OperationPage is one page of the reconciliation queue, oldest first. NextCursor is "" on
-// the last page.
-type OperationPage struct {
-	Items      []Operation
-	NextCursor string
-}
-
 // QueuedOperation is one entry of the dashboard's reconciliation queue: the operation, its
 // tenant, and when it became uncertain (UTC). Superseded is true when a later operation of the
 // same key exists (a takeover after the hold expired), so listings by key show that one.
@@ -48,21 +41,14 @@ type QueuePage struct {
 	NextCursor string
 }
 
-// ListOperations returns tenantID's reconciliation queue: every operation in state uncertain,
+// ListOperations returns tenantID's reconciliation queue (TenantName left empty): every
+// operation in state uncertain,
 // superseded by a later operation of its key or not, oldest first by the time it became
 // uncertain, with keyset pagination (limit 1 to MaxListLimit, default DefaultListLimit). Its
 // length always equals the Overview's NeedsReconciliation and the metric, which count the same
 // rows. Errors: ErrInvalidRequest (fields "state", "limit", "cursor"), ErrStoreUnavailable.
-func (a *Admission) ListOperations(ctx context.Context, tenantID int64, f OperationFilter) (*OperationPage, error) {
-	q, err := a.listQueue(ctx, &tenantID, f)
-	if err != nil {
-		return nil, err
-	}
-	page := &OperationPage{Items: make([]Operation, 0, len(q.Items)), NextCursor: q.NextCursor}
-	for _, o := range q.Items {
-		page.Items = append(page.Items, o.Operation)
-	}
-	return page, nil
+func (a *Admission) ListOperations(ctx context.Context, tenantID int64, f OperationFilter) (*QueuePage, error) {
+	return a.listQueue(ctx, &tenantID, f)
 }
 
 // ReconciliationQueue is ListOperations for the dashboard: over one tenant, or every tenant

@@ -197,9 +197,11 @@ func handleListOperations(adm *services.Admission) fiber.Handler {
 		if err != nil {
 			return err
 		}
-		resp := operationListResponse{Items: make([]operationDTO, 0, len(page.Items)), NextCursor: cursorPtr(page.NextCursor)}
+		resp := operationListResponse{Items: make([]queuedOperationDTO, 0, len(page.Items)), NextCursor: cursorPtr(page.NextCursor)}
 		for i := range page.Items {
-			resp.Items = append(resp.Items, toOperationDTO(&page.Items[i]))
+			q := &page.Items[i]
+			resp.Items = append(resp.Items, queuedOperationDTO{operationDTO: toOperationDTO(&q.Operation),
+				UncertainAt: q.UncertainAt.UTC(), Superseded: q.Superseded})
 		}
 		return c.JSON(resp)
 	}

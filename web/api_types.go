@@ -91,6 +91,15 @@ type operationDTO struct {
 	ConflictAttempts  int64           `json:"conflict_attempts"`
 }
 
+// queuedOperationDTO is one item of the reconciliation queue: the operation object plus the
+// queue's sort key (when it became uncertain) and whether a later operation of its key exists,
+// so a client sees the order and can tell a superseded operation from the key's newest.
+type queuedOperationDTO struct {
+	operationDTO
+	UncertainAt time.Time `json:"uncertain_at"`
+	Superseded  bool      `json:"superseded"`
+}
+
 type outcomeDTO struct {
 	Status     string          `json:"status"`
 	Receipt    *string         `json:"receipt"`
@@ -140,7 +149,7 @@ type keyListResponse struct {
 }
 
 type operationListResponse struct {
-	Items      []operationDTO `json:"items"`
+	Items      []queuedOperationDTO `json:"items"`
 	NextCursor *string        `json:"next_cursor"`
 }
 

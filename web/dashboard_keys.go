@@ -23,7 +23,7 @@ const keysPageSize = 50
 // keyStates are the state filter's choices, in lifecycle order.
 var keyStates = []views.Option{
 	{Value: models.StateInProgress, Label: "In progress"},
-	{Value: models.StateUncertain, Label: "Uncertain (needs reconciliation)"},
+	{Value: models.StateUncertain, Label: "Uncertain (newest operation)"},
 	{Value: models.StateSucceeded, Label: "Succeeded"},
 	{Value: models.StateFailed, Label: "Failed"},
 	{Value: models.StateReleased, Label: "Released"},

@@ -109,6 +109,18 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 		require.Equal(t, http.StatusOK, keys.status)
 		require.Len(t, keys.body["items"], 2)
 		agree(t, []string{taken.OperationID, reaped.OperationID, unsure.OperationID})
+		// Each item carries the queue's sort key and says whether it was superseded.
+		all := api.do("GET", "/v1/operations?state=uncertain&limit=500", nil)
+		require.Equal(t, http.StatusOK, all.status, all.raw)
+		var prev time.Time
+		for _, it := range all.body["items"].([]any) {
+			op := it.(map[string]any)
+			at, err := time.Parse(time.RFC3339Nano, op["uncertain_at"].(string))
+			require.NoError(t, err)
+			require.False(t, at.Before(prev), "oldest first by uncertain_at: %v", all.raw)
+			prev = at
+			require.Equal(t, op["id"] == taken.OperationID, op["superseded"], "superseded of %s", op["id"])
+		}
 
 		// Reconciliations take operations off the queue, superseded or not.
 		_, err = f.s.adm.RecordOutcome(ctx, f.pA, taken.OperationID, services.OutcomeInput{OwnerToken: taken.OwnerToken,

@@ -273,6 +273,7 @@ func TestReads(t *testing.T) {
 			require.NoError(t, err)
 			for _, op := range page.Items {
 				require.Equal(t, client.StateUncertain, op.State)
+				require.False(t, op.UncertainAt.IsZero(), "uncertain_at of %s", op.ID)
 				queued = append(queued, op.ID)
 			}
 			if page.NextCursor == "" {

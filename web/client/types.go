@@ -266,8 +266,17 @@ type ListOperationsOptions struct {
 // OperationPage is one page of ListOperations, oldest first by the time each operation became
 // uncertain. NextCursor is "" on the last page.
 type OperationPage struct {
-	Items      []Operation `json:"items"`
-	NextCursor string      `json:"next_cursor"`
+	Items      []QueuedOperation `json:"items"`
+	NextCursor string            `json:"next_cursor"`
+}
+
+// QueuedOperation is one item of the reconciliation queue: the operation, when it became
+// uncertain (the queue's order, UTC), and whether a later operation of its key was admitted
+// since (Superseded: GetKey and ListKeys then show that later one).
+type QueuedOperation struct {
+	Operation
+	UncertainAt time.Time `json:"uncertain_at"`
+	Superseded  bool      `json:"superseded"`
 }
 
 // ListAttemptsOptions filters ListAttempts. Zero values are no filter.
