@@ -208,7 +208,9 @@ func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 	gd := goose.DialectSQLite3
 	if d.Dialect == Postgres {
 		gd = goose.DialectPostgres
-		opts = append(opts, goose.WithLocker(newXactLocker(d.Pool.Config().ConnConfig)))
+		l := newXactLocker(d.Pool.Config().ConnConfig)
+		l.log = log
+		opts = append(opts, goose.WithLocker(l))
 	}
 	p, err := goose.NewProvider(gd, sqlDB, sub, opts...)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,8 +29,10 @@ import (
 type xactLocker struct {
 	cfg     *pgx.ConnConfig
 	maxWait time.Duration
-	conn    *pgx.Conn
-	tx      pgx.Tx
+	// log, when set, hears once that the lock is busy, so a start that waits says why.
+	log  *slog.Logger
+	conn *pgx.Conn
+	tx   pgx.Tx
 }
 
 // migrationLockWait bounds how long a starting instance waits for another's migrations: the
@@ -70,6 +73,10 @@ func (l *xactLocker) Lock(ctx context.Context, _ *sql.DB) error {
 		if held {
 			l.conn, l.tx = conn, tx
 			return nil
+		}
+		if wait == 50*time.Millisecond && l.log != nil {
+			l.log.Info("waiting for the migration lock: another instance is migrating this database",
+				"max_wait", l.maxWait.String())
 		}
 		if err := tx.Rollback(ctx); err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
