@@ -40,7 +40,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 		} else if err != nil {
 			return err
 		}
-		nav, err := s.navFor(c, op, "overview")
+		nav, err := s.navFor(c, op, "reconciliation")
 		if err != nil {
 			return err
 		}

@@ -83,6 +83,8 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 			require.EqualValues(t, len(want), queueGauge(t, f.s, f.tenantA), "the metric")
 			page := b.get("/reconciliation")
 			require.Equal(t, http.StatusOK, page.status, page.body)
+			cur, _ := page.testid("nav-reconciliation").Attr("aria-current")
+			require.Equal(t, "page", cur, "the navigation marks the queue as the current page")
 			var shown []string
 			page.testid("queue-row").Each(func(_ int, s *goquery.Selection) {
 				id, _ := s.Attr("data-operation-id")
