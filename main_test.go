@@ -88,7 +88,11 @@ func startServer(t *testing.T, env ...string) *server {
 	cmd.Dir = t.TempDir()
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + addr,
 		"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=process-test-password",
-		"IDEMGATE_LOG_FORMAT=json"}, env...)
+		"IDEMGATE_LOG_FORMAT=json",
+		// Generous store deadlines unless a test sets its own (a later entry wins): under -race
+		// on a starved 2-core CI machine an SQLite commit can take seconds, and a test that is
+		// not about deadlines must not see 503s for it.
+		"IDEMGATE_STORE_TIMEOUT=1m", "IDEMGATE_START_TIMEOUT=2m"}, env...)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	require.NoError(t, cmd.Start())

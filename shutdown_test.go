@@ -45,9 +45,14 @@ func TestGracefulShutdownCommitsEveryAnswer(t *testing.T) {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
+			// Every worker signals once, also one that stops before its second request, so the
+			// wait below cannot hang on a worker that has gone.
+			var once sync.Once
+			signal := func() { once.Do(func() { started <- struct{}{} }) }
+			defer signal()
 			for n := 0; ; n++ {
 				if n == 1 {
-					started <- struct{}{}
+					signal()
 				}
 				key := fmt.Sprintf("shutdown-%d-%d", w, n)
 				st, body := post(t, s.url+"/v1/acquire", map[string]any{"key": key, "ttl_seconds": 300})
@@ -62,7 +67,11 @@ func TestGracefulShutdownCommitsEveryAnswer(t *testing.T) {
 	}
 	// Every worker has an answer and another acquire on its way.
 	for i := 0; i < workers; i++ {
-		<-started
+		select {
+		case <-started:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("only %d of %d workers got an answer within 2 minutes", i, workers)
+		}
 	}
 	time.Sleep(50 * time.Millisecond)
 

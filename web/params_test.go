@@ -94,7 +94,8 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 		"GET /v1/operations/:id":          {path: "/v1/operations/" + w.opID, pathParams: []string{w.opID}},
 		"GET /v1/keys": {path: "/v1/keys", query: q("state", "in_progress", "operation", "charge", "prefix", "sweep",
 			"limit", "10", "cursor", "")},
-		"GET /v1/keys/*": {path: "/v1/keys/" + encKey, pathParams: []string{encKey}},
+		"GET /v1/keys/*":     {path: "/v1/keys/" + encKey, pathParams: []string{encKey}},
+		"GET /v1/operations": {path: "/v1/operations", query: q("state", "uncertain", "limit", "10", "cursor", "")},
 		"GET /v1/attempts": {path: "/v1/attempts", query: q("key", w.opKey, "result", "admitted",
 			"since", "2026-01-02T15:04:05Z", "limit", "10", "cursor", "")},
 
@@ -109,6 +110,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 			form: q("status", "failed", "receipt", "r-1", "note", "checked")},
 		"POST /operations/:id/release": {path: "/operations/" + w.opID + "/release", pathParams: []string{w.opID},
 			form: q("operation_id", w.opID, "fencing_token", "1", "reason", "why", "confirm", "yes")},
+		"GET /reconciliation":  {path: "/reconciliation", query: q("cursor", "")},
 		"GET /audit":           {path: "/audit", query: q("from", "2026-01-01", "to", "2026-12-31", "tenant", "x")},
 		"GET /audit.csv":       {path: "/audit.csv", query: q("from", "2026-01-01", "to", "2026-12-31", "tenant", "x")},
 		"GET /admin":           {path: "/admin", query: q("done", "created")},
