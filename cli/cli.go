@@ -112,7 +112,7 @@ const connectRetryDelay = time.Second
 // database) fails at once: retrying cannot fix it.
 func connect(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, error) {
 	opts := models.OpenOptions{DatabaseURL: cfg.DatabaseURL, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
-		ConnectTimeout: cfg.StoreTimeout}
+		ConnectTimeout: cfg.StoreTimeout, StoreTimeout: cfg.StoreTimeout}
 	if cfg.DatabaseURL == "" {
 		log.Info("opening database", "dialect", models.SQLite, "path", cfg.SQLitePath)
 		return models.Open(ctx, opts)

@@ -75,6 +75,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.StartTimeout > 0 && c.StartTimeout < c.StoreTimeout {
 		errs = append(errs, errors.New("IDEMGATE_START_TIMEOUT must be at least IDEMGATE_STORE_TIMEOUT"))
 	}
+	// Below a second a reaper pass would run thousands of times a second (1ns was accepted).
+	if c.ReapInterval < time.Second {
+		errs = append(errs, errors.New("IDEMGATE_REAP_INTERVAL must be at least 1s"))
+	}
 	if c.MaxTTL < time.Second {
 		errs = append(errs, errors.New("IDEMGATE_MAX_TTL must be at least 1s"))
 	} else if c.MaxTTL > services.MaxTTL {

@@ -50,6 +50,18 @@ func TestLoadConfigStoreTimeouts(t *testing.T) {
 	}
 }
 
+// TestLoadConfigReapInterval: a reaper interval under a second is refused (1ns ran ~4,700
+// passes a second).
+func TestLoadConfigReapInterval(t *testing.T) {
+	for _, bad := range []string{"1ns", "999ms"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_REAP_INTERVAL": bad}))
+		require.ErrorContains(t, err, "IDEMGATE_REAP_INTERVAL", bad)
+	}
+	c, err := LoadConfig(env(map[string]string{"IDEMGATE_REAP_INTERVAL": "1s"}))
+	require.NoError(t, err)
+	require.Equal(t, time.Second, c.ReapInterval)
+}
+
 func TestLoadConfigParsesAndReportsEveryProblem(t *testing.T) {
 	c, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_TTL": "7d", "IDEMGATE_RETENTION": "36h", "IDEMGATE_REAP_INTERVAL": "5",
 		"IDEMGATE_LOG_LEVEL": "DEBUG", "IDEMGATE_METRICS_TOKEN": "prometheus_scrape_token_0123"}))

@@ -43,6 +43,10 @@ type OpenOptions struct {
 	SQLitePath     string
 	MaxConns       int
 	ConnectTimeout time.Duration
+	// StoreTimeout bounds every transaction begun with DB.Tx (0: no bound of its own): the
+	// context's deadline, SQLite's busy_timeout, and on PostgreSQL the server's own
+	// idle_in_transaction_session_timeout for the transaction (see DB.Tx).
+	StoreTimeout time.Duration
 }
 
 // DB is an open database with its dialect. Pool is the pgx pool under GORM on PostgreSQL (nil
@@ -51,6 +55,8 @@ type DB struct {
 	*gorm.DB
 	Dialect Dialect
 	Pool    *pgxpool.Pool
+	// StoreTimeout is OpenOptions.StoreTimeout.
+	StoreTimeout time.Duration
 }
 
 // Open opens PostgreSQL when opts.DatabaseURL is set, else the SQLite file at opts.SQLitePath
@@ -84,7 +90,7 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 		g, err = gorm.Open(postgres.New(postgres.Config{Conn: stdlib.OpenDBFromPool(pool)}), cfg)
 	} else {
 		dialect = SQLite
-		g, err = gorm.Open(sqlite.Open(sqliteDSN(opts.SQLitePath)), cfg)
+		g, err = gorm.Open(sqlite.Open(sqliteDSN(opts.SQLitePath, opts.StoreTimeout)), cfg)
 	}
 	if err != nil {
 		if pool != nil {
@@ -111,7 +117,7 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 		}
 		return nil, fmt.Errorf("connect to %s database: %w", dialect, err)
 	}
-	return &DB{DB: g, Dialect: dialect, Pool: pool}, nil
+	return &DB{DB: g, Dialect: dialect, Pool: pool, StoreTimeout: opts.StoreTimeout}, nil
 }
 
 // openPool opens the PostgreSQL connection pool: opts.MaxConns connections (default 16; fewer
@@ -144,6 +150,42 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// Tx runs fn in a transaction bounded by d.StoreTimeout (when set): fn's context gets that
+// deadline unless ctx already ends sooner, and on PostgreSQL the transaction first sets
+// idle_in_transaction_session_timeout (SET LOCAL: it ends with the transaction, so it holds
+// behind PgBouncer in transaction mode too) to the store timeout plus one second.
+//
+// Why the server-side bound: a client cut off mid-transaction by a stalled network (no FIN,
+// no RST) gives up at its deadline, but the server keeps the session idle in transaction with
+// its row locks until TCP keepalive notices, hours later; every other instance's acquires of
+// that key and every reaper then wait on the lock. With the setting the server ends such a
+// session itself shortly after the client has given up. A transaction is never idle that
+// long while its request is alive, since the request's own deadline is the store timeout.
+//
+// Errors: fn's error, or the database's (a deadline is context.DeadlineExceeded).
+func (d *DB) Tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	ctx, cancel := d.Bounded(ctx)
+	defer cancel()
+	return d.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if d.Dialect == Postgres && d.StoreTimeout > 0 {
+			idle := (d.StoreTimeout + time.Second).Milliseconds()
+			if err := tx.Exec(fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idle)).Error; err != nil {
+				return err
+			}
+		}
+		return fn(tx)
+	})
+}
+
+// Bounded returns ctx with a deadline d.StoreTimeout from now (ctx itself, with a no-op cancel,
+// when StoreTimeout is 0), for database work that no request bounds, such as the reaper's.
+func (d *DB) Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d.StoreTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, d.StoreTimeout)
+}
+
 func (o OpenOptions) connectTimeout() time.Duration {
 	if o.ConnectTimeout > 0 {
 		return o.ConnectTimeout
@@ -151,9 +193,16 @@ func (o OpenOptions) connectTimeout() time.Duration {
 	return 10 * time.Second
 }
 
-func sqliteDSN(path string) string {
+// sqliteDSN is the SQLite connection string. busy is how long a writer waits for the write
+// lock (0: 10 s); with a store timeout it is that timeout, so a locked database is answered
+// when the request's deadline passes rather than after it, with SQLITE_BUSY, which
+// services map to store_unavailable.
+func sqliteDSN(path string, busy time.Duration) string {
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
 	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", max(busy.Milliseconds(), 1)))
 	q.Add("_pragma", "journal_mode(WAL)")
 	// FULL: in WAL mode NORMAL leaves the last commits in the WAL unsynced, so a power failure
 	// can lose an admission already answered 201 and the key would be admitted again.

@@ -117,7 +117,7 @@ func (a *Auth) RevokeAPIKeyByID(ctx context.Context, acct *OperatorAccount, id i
 		return err
 	}
 	var k models.APIKey
-	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := a.db.Tx(ctx, func(tx *gorm.DB) error {
 		res := tx.Model(&models.APIKey{}).Where("id = ? AND revoked_at IS NULL", id).Update("revoked_at", time.Now().UTC())
 		if res.Error != nil {
 			return res.Error
@@ -194,7 +194,7 @@ func (a *Auth) SetOperatorRole(ctx context.Context, acct *OperatorAccount, id in
 	default:
 		return invalid(FieldError{Field: "role", Message: "must be admin, operator or auditor"})
 	}
-	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := a.db.Tx(ctx, func(tx *gorm.DB) error {
 		op, err := a.lockForAdminChange(tx, id)
 		if err != nil {
 			return err
@@ -221,7 +221,7 @@ func (a *Auth) DeleteOperator(ctx context.Context, acct *OperatorAccount, id int
 	if err := requireGlobalAdmin(acct); err != nil {
 		return err
 	}
-	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := a.db.Tx(ctx, func(tx *gorm.DB) error {
 		op, err := a.lockForAdminChange(tx, id)
 		if err != nil {
 			return err

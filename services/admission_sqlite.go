@@ -14,7 +14,7 @@ import (
 // decision, step for step, as one immediate transaction (the DSN sets _txlock=immediate, so the
 // write lock is taken at BEGIN and concurrent acquires queue on busy_timeout instead of racing).
 func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireInput, meta json.RawMessage, opID, ownerHash string, row *acquireRow) error {
-	return a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	return a.db.Tx(ctx, func(tx *gorm.DB) error {
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		expires := now.Add(time.Duration(in.TTLSeconds) * time.Second)
 		newOp := models.Operation{

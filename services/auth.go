@@ -143,7 +143,7 @@ func (a *Auth) CreateAPIKey(ctx context.Context, tenant, label, secret string) (
 	} else if msg := ValidateAPIKeySecret(secret); msg != "" {
 		return "", invalid(FieldError{Field: "api_key", Message: msg})
 	}
-	err := a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := a.db.Tx(ctx, func(tx *gorm.DB) error {
 		t, err := a.ensureTenant(tx, tenant)
 		if err != nil {
 			return err
@@ -230,7 +230,7 @@ func (a *Auth) CreateOperator(ctx context.Context, username, password, role, ten
 		return nil, err
 	}
 	op := models.Operator{Username: username, PasswordHash: string(hash), Role: role, CreatedAt: time.Now().UTC()}
-	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		if tenant != "" {
 			var t models.Tenant
 			if err := tx.Where("name = ?", tenant).Take(&t).Error; errors.Is(err, gorm.ErrRecordNotFound) {

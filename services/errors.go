@@ -115,6 +115,14 @@ func IsUnavailable(err error) bool {
 	if errors.As(err, &ne) {
 		return true
 	}
+	// SQLite: SQLITE_BUSY (5) or SQLITE_LOCKED (6), primary or extended code, once busy_timeout
+	// (the store timeout) has passed: another writer holds the database; nothing was changed.
+	var se interface{ Code() int }
+	if errors.As(err, &se) {
+		if c := se.Code() & 0xff; c == 5 || c == 6 {
+			return true
+		}
+	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
 		return true

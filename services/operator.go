@@ -323,7 +323,7 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 	changed := false
 	defer func() { observeOutcome(ctx, a.obs, SourceOperator, in.Status, changed, err) }()
 	var out *Operation
-	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		if _, err := a.operatorOpRow(tx, acct, id); err != nil {
 			return err
 		}
@@ -387,7 +387,7 @@ func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, 
 	}
 	defer func() { observeRelease(ctx, a.obs, SourceOperator, err) }()
 	var out *Operation
-	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		seen, err := a.operatorOpRow(tx, acct, id)
 		if err != nil {
 			return err

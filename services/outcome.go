@@ -82,7 +82,7 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 	changed := false
 	defer func() { observeOutcome(ctx, a.obs, SourceAPI, in.Status, changed, err) }()
 	var out *Operation
-	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		var op models.Operation
 		err := tx.Where("id = ? AND tenant_id = ?", id, p.TenantID).Take(&op).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {

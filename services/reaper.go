@@ -74,15 +74,22 @@ func (r *Reaper) RunOnce(ctx context.Context) (res ReapResult, err error) {
 }
 
 func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
-	db := r.db.WithContext(ctx)
 	for {
-		now, err := r.db.Now(ctx, db)
+		// Every statement of the pass has a deadline (the store timeout; each transaction below
+		// gets its own through Tx), so a stalled connection fails the pass, which is logged and
+		// counted, instead of stopping the reaper unseen.
+		scanCtx, cancel := r.db.Bounded(ctx)
+		db := r.db.WithContext(scanCtx)
+		now, err := r.db.Now(scanCtx, db)
 		if err != nil {
+			cancel()
 			return err
 		}
 		var ks []models.IdemKey
-		if err := db.Where("holder_operation_id IS NOT NULL AND expires_at <= ?", now).
-			Order("expires_at").Limit(reapBatch).Find(&ks).Error; err != nil {
+		err = db.Where("holder_operation_id IS NOT NULL AND expires_at <= ?", now).
+			Order("expires_at").Limit(reapBatch).Find(&ks).Error
+		cancel()
+		if err != nil {
 			return err
 		}
 		if r.afterScan != nil {
@@ -90,7 +97,7 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 		}
 		for _, k := range ks {
 			var expired, marked int64
-			err := db.Transaction(func(tx *gorm.DB) error {
+			err := r.db.Tx(ctx, func(tx *gorm.DB) error {
 				// Compare on the operation id read above: if another attempt took the key over
 				// since, this changes nothing.
 				u := tx.Model(&models.IdemKey{}).
@@ -124,26 +131,31 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 }
 
 func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
-	db := r.db.WithContext(ctx)
-	now, err := r.db.Now(ctx, db)
+	nowCtx, cancel := r.db.Bounded(ctx)
+	now, err := r.db.Now(nowCtx, r.db.WithContext(nowCtx))
+	cancel()
 	if err != nil {
 		return err
 	}
 	cutoff := now.Add(-r.retention)
 	for {
 		var ids []string
+		scanCtx, cancel := r.db.Bounded(ctx)
+		db := r.db.WithContext(scanCtx)
 		// An operation that still holds its key (a failed one within its TTL) is kept.
-		if err := db.Model(&models.Operation{}).
+		err := db.Model(&models.Operation{}).
 			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
 			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)").
-			Limit(reapBatch).Pluck("id", &ids).Error; err != nil {
+			Limit(reapBatch).Pluck("id", &ids).Error
+		cancel()
+		if err != nil {
 			return err
 		}
 		if len(ids) == 0 {
 			break
 		}
 		var batch ReapResult
-		err := db.Transaction(func(tx *gorm.DB) error {
+		err = r.db.Tx(ctx, func(tx *gorm.DB) error {
 			e := tx.Where("operation_id IN ?", ids).Delete(&models.Event{})
 			if e.Error != nil {
 				return e.Error
@@ -167,7 +179,9 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 			break
 		}
 	}
-	s := db.Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
+	sessCtx, cancel := r.db.Bounded(ctx)
+	defer cancel()
+	s := r.db.WithContext(sessCtx).Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
 	res.SessionsPurged = s.RowsAffected
 	return s.Error
 }

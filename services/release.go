@@ -51,7 +51,7 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 	}
 	defer func() { observeRelease(ctx, a.obs, SourceAPI, err) }()
 	var out *Operation
-	err = a.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		var k models.IdemKey
 		err := a.forUpdate(tx).Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
