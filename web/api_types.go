@@ -150,7 +150,7 @@ type keyListResponse struct {
 
 type operationListResponse struct {
 	Items      []queuedOperationDTO `json:"items"`
-	NextCursor *string        `json:"next_cursor"`
+	NextCursor *string              `json:"next_cursor"`
 }
 
 type attemptListResponse struct {
