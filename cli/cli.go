@@ -124,9 +124,9 @@ func connect(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, err
 	for attempt := 1; ; attempt++ {
 		db, err := models.Open(ctx, opts)
 		if err == nil {
-			if attempt > 1 {
-				log.Info("connected to database", "host", host, "attempts", attempt)
-			}
+			// The statement mode says whether a pooler (PgBouncer) was detected in between:
+			// cache_describe behind one, cache_statement on a direct connection.
+			log.Info("connected to database", "host", host, "attempts", attempt, "query_exec_mode", db.QueryExecMode())
 			return db, nil
 		}
 		left := cfg.StartTimeout - time.Since(start)

@@ -182,6 +182,10 @@ func TestPgBouncerConcurrentAcquires(t *testing.T) {
 	require.NoError(t, err)
 
 	db := openDB(t, bouncer.through(t, direct))
+	// The pooler is detected, so statements go unnamed through it; a direct connection keeps
+	// the faster named prepared statements.
+	require.Equal(t, "cache_describe", db.QueryExecMode())
+	require.Equal(t, "cache_statement", mig.QueryExecMode())
 	adm := services.NewAdmission(db, slog.New(slog.DiscardHandler), 0)
 	p := services.Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_pgbouncer"}
 
