@@ -46,7 +46,14 @@ type Config struct {
 	// database is doing: a stalled database (connection open, no bytes) must not hold callers
 	// for the whole stall. The CSV export gets it per batch of rows.
 	StoreTimeout time.Duration
+	// WriteTimeout is how long a response may make no progress to the client before the
+	// connection is closed (0: DefaultWriteTimeout). A streamed response (the CSV export)
+	// has no bound on its total time as long as the client keeps reading.
+	WriteTimeout time.Duration
 }
+
+// DefaultWriteTimeout is Config.WriteTimeout's default.
+const DefaultWriteTimeout = 30 * time.Second
 
 // DefaultStoreTimeout is Config.StoreTimeout's default.
 const DefaultStoreTimeout = 5 * time.Second
@@ -63,6 +70,8 @@ type Server struct {
 	secure   bool
 	// storeTimeout bounds the database work of each request (Config.StoreTimeout).
 	storeTimeout time.Duration
+	// writeTimeout is the idle bound of each response's writes (Config.WriteTimeout).
+	writeTimeout time.Duration
 	// authFails counts failed API-key authentications per client address (security.go).
 	authFails *authFailureLimiter
 }
@@ -74,6 +83,9 @@ func New(cfg Config) *Server {
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
 	}
+	if s.writeTimeout = cfg.WriteTimeout; s.writeTimeout <= 0 {
+		s.writeTimeout = DefaultWriteTimeout
+	}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "idemgate",
 		DisableStartupMessage: true,
@@ -81,7 +93,7 @@ func New(cfg Config) *Server {
 		ErrorHandler:          s.errorHandler,
 		JSONEncoder:           encodeJSON,
 		ReadTimeout:           30 * time.Second,
-		WriteTimeout:          30 * time.Second,
+		WriteTimeout:          s.writeTimeout,
 		IdleTimeout:           120 * time.Second,
 	})
 	reg := prometheus.NewRegistry()
