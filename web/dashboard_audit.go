@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -53,6 +54,10 @@ func (p *progressWriter) Write(b []byte) (int, error) {
 	}
 	return p.w.Write(b)
 }
+
+// csvExportRetryAfter is the Retry-After (seconds) of an export refused because the
+// instance runs as many as it may (Config.MaxConcurrentExports).
+const csvExportRetryAfter = "30"
 
 // csvFlushRows is how many rows are buffered before they are pushed to the client.
 const csvFlushRows = 256
@@ -201,6 +206,19 @@ func handleAuditCSV(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
+		select {
+		case s.exports <- struct{}{}:
+		default:
+			c.Set(fiber.HeaderRetryAfter, csvExportRetryAfter)
+			return s.renderErrorPage(c, fiber.StatusTooManyRequests, fmt.Sprintf(
+				"This instance is already running %d CSV exports, its limit. Try again in a minute.", cap(s.exports)))
+		}
+		streaming := false
+		defer func() {
+			if !streaming {
+				<-s.exports
+			}
+		}()
 		f, err := s.adm.ResolveAuditFilter(c.UserContext(), f)
 		if msg, ok := auditProblem(err); ok {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
@@ -221,7 +239,11 @@ func handleAuditCSV(s *Server) fiber.Handler {
 		reqID, log := requestID(c), s.log // requestID is a copy already
 		// The connection outlives the handler: it is what the stream is written to.
 		conn := c.Context().Conn()
+		// The writer always runs (fasthttp starts it here, and unblocks it if the response is
+		// never sent), so it is what gives the export's slot back.
+		streaming = true
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+			defer func() { <-s.exports }()
 			ctx := logging.ContextWithRequestID(context.Background(), reqID)
 			cw := csv.NewWriter(&progressWriter{w: w, conn: conn, idle: s.writeTimeout})
 			_ = cw.Write(auditCSVHeader)

@@ -150,3 +150,42 @@ func TestSlowCSVDownloadOutlastsWriteTimeout(t *testing.T) {
 		t.Logf("%d rows in %v with a 1s write timeout", len(recs)-1, took)
 	})
 }
+
+// TestConcurrentCSVExportsAreCapped: exports beyond the per-instance cap (a quarter of the
+// database pool, at least one) are refused at once with 429 and Retry-After on the
+// dashboard's error page instead of queueing on the pool, and acquires made meanwhile are
+// admitted. Six concurrent exports on a pool of two used to make acquires wait for
+// connections (0.6–1.7 s, some answered 503).
+func TestConcurrentCSVExportsAreCapped(t *testing.T) {
+	eachExportDialect(t, 20000, func(*Config) {}, func(t *testing.T, e exportServer) {
+		limit := max(1, e.poolSize/4)
+		for i := 0; i < limit; i++ {
+			stalledDownload(t, e.base, "/audit.csv", e.cookie)
+		}
+		client := &http.Client{Timeout: 30 * time.Second}
+		for i := 0; i < 3; i++ {
+			req, err := http.NewRequest(http.MethodGet, e.base+"/audit.csv", nil)
+			require.NoError(t, err)
+			req.Header.Set("Cookie", e.cookie)
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "export %d beyond the cap of %d (pool %d): %.200s", i, limit, e.poolSize, body)
+			require.NotEmpty(t, resp.Header.Get("Retry-After"))
+			require.Contains(t, resp.Header.Get("Content-Type"), "text/html")
+			require.Contains(t, string(body), "exports")
+		}
+		for i := 0; i < 5; i++ {
+			req, _ := http.NewRequest(http.MethodPost, e.base+"/v1/acquire",
+				strings.NewReader(fmt.Sprintf(`{"key":"during-capped-exports-%d","ttl_seconds":60}`, i)))
+			req.Header.Set("Authorization", "Bearer "+e.secret)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "acquire %d: %s", i, body)
+		}
+	})
+}
