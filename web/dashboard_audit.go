@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/csv"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -23,10 +26,38 @@ var auditTimeLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05", time.
 // auditInputLayout is the datetime-local value format the filter form shows.
 const auditInputLayout = "2006-01-02T15:04"
 
-// csvExportTimeout bounds one CSV export, which runs after the handler has returned and so
-// without the request's context. A slow client costs no database connection meanwhile: rows
-// are read in short batches (services.AuditAttempts), each bounded by the store timeout.
-const csvExportTimeout = 10 * time.Minute
+// An export has no bound on its total time: a large range can take longer than any fixed
+// limit to download, and a cut-off file would silently lack rows. What bounds it is progress:
+// each write to the client pushes the connection's write deadline to now + the server's write
+// timeout (progressWriter), so a client that stops reading is cut off after that idle bound
+// and one that keeps reading never is. A slow client costs no database connection meanwhile:
+// rows are read in short batches (services.AuditAttempts), each bounded by the store timeout.
+
+// progressWriter extends conn's write deadline to now+idle as bytes are handed to w, at most
+// every idle/4 (and at least every second) to keep the system calls rare. The bytes go to
+// Fiber's stream pipe, which holds only a few chunks before the socket must take them, so
+// handing bytes over is progress to the client up to those chunks.
+type progressWriter struct {
+	w    io.Writer
+	conn net.Conn
+	idle time.Duration
+	last time.Time
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	every := min(p.idle/4, time.Second)
+	if now := time.Now(); now.Sub(p.last) >= every {
+		p.last = now
+		if err := p.conn.SetWriteDeadline(now.Add(p.idle)); err != nil {
+			return 0, err
+		}
+	}
+	return p.w.Write(b)
+}
+
+// csvExportRetryAfter is the Retry-After (seconds) of an export refused because the
+// instance runs as many as it may (Config.MaxConcurrentExports).
+const csvExportRetryAfter = "30"
 
 // csvFlushRows is how many rows are buffered before they are pushed to the client.
 const csvFlushRows = 256
@@ -175,6 +206,19 @@ func handleAuditCSV(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
+		select {
+		case s.exports <- struct{}{}:
+		default:
+			c.Set(fiber.HeaderRetryAfter, csvExportRetryAfter)
+			return s.renderErrorPage(c, fiber.StatusTooManyRequests, fmt.Sprintf(
+				"This instance is already running %d CSV exports, its limit. Try again in a minute.", cap(s.exports)))
+		}
+		streaming := false
+		defer func() {
+			if !streaming {
+				<-s.exports
+			}
+		}()
 		f, err := s.adm.ResolveAuditFilter(c.UserContext(), f)
 		if msg, ok := auditProblem(err); ok {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
@@ -193,10 +237,15 @@ func handleAuditCSV(s *Server) fiber.Handler {
 			tenantID = &id
 		}
 		reqID, log := requestID(c), s.log // requestID is a copy already
+		// The connection outlives the handler: it is what the stream is written to.
+		conn := c.Context().Conn()
+		// The writer always runs (fasthttp starts it here, and unblocks it if the response is
+		// never sent), so it is what gives the export's slot back.
+		streaming = true
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-			ctx, cancel := context.WithTimeout(logging.ContextWithRequestID(context.Background(), reqID), csvExportTimeout)
-			defer cancel()
-			cw := csv.NewWriter(w)
+			defer func() { <-s.exports }()
+			ctx := logging.ContextWithRequestID(context.Background(), reqID)
+			cw := csv.NewWriter(&progressWriter{w: w, conn: conn, idle: s.writeTimeout})
 			_ = cw.Write(auditCSVHeader)
 			n := 0
 			err := s.adm.AuditAttempts(ctx, tenantID, f, s.storeTimeout, func(r services.AuditRow) error {
@@ -208,7 +257,7 @@ func handleAuditCSV(s *Server) fiber.Handler {
 					if err := cw.Error(); err != nil {
 						return err
 					}
-					return w.Flush() // fails once the client has gone, which stops the export
+					return w.Flush() // fails once the client has gone (or stopped reading), which stops the export
 				}
 				return nil
 			})

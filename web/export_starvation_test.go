@@ -87,6 +87,9 @@ func TestSlowCSVDownloadsDoNotStarveAcquires(t *testing.T) {
 
 			cfg := testConfig(t, db, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			cfg.StoreTimeout = 3 * time.Second
+			// Above the default cap on exports: what is tested here is that a running export
+			// holds no connection while it writes, however many run.
+			cfg.MaxConcurrentExports = poolSize + 2
 			s := New(cfg)
 			base := serveForReal(t, s)
 			_, p := dashTenant(t, s)

@@ -46,7 +46,35 @@ type Config struct {
 	// database is doing: a stalled database (connection open, no bytes) must not hold callers
 	// for the whole stall. The CSV export gets it per batch of rows.
 	StoreTimeout time.Duration
+	// WriteTimeout is how long a response may make no progress to the client before the
+	// connection is closed (0: DefaultWriteTimeout). A streamed response (the CSV export)
+	// has no bound on its total time as long as the client keeps reading.
+	WriteTimeout time.Duration
+	// MaxConcurrentExports is how many /audit.csv exports this instance runs at once (0: a
+	// quarter of the database pool's connections, at least 1). Each export's page queries
+	// take a pool connection for up to a second on a large range; more exports than this
+	// made acquires wait for connections, so an export beyond the cap is answered 429 with
+	// Retry-After at once instead of queueing on the pool.
+	MaxConcurrentExports int
 }
+
+// exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
+// connections (PostgreSQL's MaxConns, else database/sql's limit; 8 when unlimited), at least 1.
+func exportSlots(cfg Config) int {
+	if cfg.MaxConcurrentExports > 0 {
+		return cfg.MaxConcurrentExports
+	}
+	pool := 8
+	if cfg.Pool != nil {
+		pool = int(cfg.Pool.Config().MaxConns)
+	} else if cfg.DB != nil && cfg.DB.Stats().MaxOpenConnections > 0 {
+		pool = cfg.DB.Stats().MaxOpenConnections
+	}
+	return max(1, pool/4)
+}
+
+// DefaultWriteTimeout is Config.WriteTimeout's default.
+const DefaultWriteTimeout = 30 * time.Second
 
 // DefaultStoreTimeout is Config.StoreTimeout's default.
 const DefaultStoreTimeout = 5 * time.Second
@@ -63,6 +91,10 @@ type Server struct {
 	secure   bool
 	// storeTimeout bounds the database work of each request (Config.StoreTimeout).
 	storeTimeout time.Duration
+	// writeTimeout is the idle bound of each response's writes (Config.WriteTimeout).
+	writeTimeout time.Duration
+	// exports holds one token per running CSV export (Config.MaxConcurrentExports).
+	exports chan struct{}
 	// authFails counts failed API-key authentications per client address (security.go).
 	authFails *authFailureLimiter
 }
@@ -74,6 +106,10 @@ func New(cfg Config) *Server {
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
 	}
+	if s.writeTimeout = cfg.WriteTimeout; s.writeTimeout <= 0 {
+		s.writeTimeout = DefaultWriteTimeout
+	}
+	s.exports = make(chan struct{}, exportSlots(cfg))
 	s.app = fiber.New(fiber.Config{
 		AppName:               "idemgate",
 		DisableStartupMessage: true,
@@ -81,7 +117,7 @@ func New(cfg Config) *Server {
 		ErrorHandler:          s.errorHandler,
 		JSONEncoder:           encodeJSON,
 		ReadTimeout:           30 * time.Second,
-		WriteTimeout:          30 * time.Second,
+		WriteTimeout:          s.writeTimeout,
 		IdleTimeout:           120 * time.Second,
 	})
 	reg := prometheus.NewRegistry()
