@@ -2,29 +2,6 @@ package models
 
 import "time"
 
-// Operation states (SPEC.md §3).
-const (
-	StateInProgress = "in_progress"
-	StateSucceeded  = "succeeded"
-	StateFailed     = "failed"
-	StateUncertain  = "uncertain"
-	StateReleased   = "released"
-)
-
-// Attempt results (SPEC.md §2 "attempt").
-const (
-	ResultAdmitted  = "admitted"
-	ResultDuplicate = "duplicate"
-	ResultConflict  = "conflict"
-)
-
-// Operator roles (SPEC.md §5).
-const (
-	RoleAdmin    = "admin"
-	RoleOperator = "operator"
-	RoleAuditor  = "auditor"
-)
-
 // Tenant is a namespace for idempotency keys; every API key belongs to one.
 type Tenant struct {
 	ID        int64

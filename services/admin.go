@@ -55,7 +55,7 @@ var errLastAdmin = &Error{Code: CodeInvalidRequest,
 // IsGlobalAdmin reports whether acct may administer the installation: role admin and not
 // restricted to a tenant.
 func IsGlobalAdmin(acct *OperatorAccount) bool {
-	return acct != nil && acct.Role == models.RoleAdmin && acct.TenantID == nil
+	return acct != nil && acct.Role == RoleAdmin && acct.TenantID == nil
 }
 
 func requireGlobalAdmin(acct *OperatorAccount) error {
@@ -190,7 +190,7 @@ func (a *Auth) SetOperatorRole(ctx context.Context, acct *OperatorAccount, id in
 		return err
 	}
 	switch role {
-	case models.RoleAdmin, models.RoleOperator, models.RoleAuditor:
+	case RoleAdmin, RoleOperator, RoleAuditor:
 	default:
 		return invalid(FieldError{Field: "role", Message: "must be admin, operator or auditor"})
 	}
@@ -199,7 +199,7 @@ func (a *Auth) SetOperatorRole(ctx context.Context, acct *OperatorAccount, id in
 		if err != nil {
 			return err
 		}
-		if role != models.RoleAdmin {
+		if role != RoleAdmin {
 			if err := a.keepsAnAdmin(tx, op); err != nil {
 				return err
 			}
@@ -245,7 +245,7 @@ func (a *Auth) lockForAdminChange(tx *gorm.DB, id int64) (*models.Operator, erro
 	if a.db.Dialect == models.Postgres {
 		var ids []int64
 		if err := tx.Model(&models.Operator{}).Clauses(clause.Locking{Strength: "UPDATE"}).
-			Where("role = ? AND tenant_id IS NULL", models.RoleAdmin).Pluck("id", &ids).Error; err != nil {
+			Where("role = ? AND tenant_id IS NULL", RoleAdmin).Pluck("id", &ids).Error; err != nil {
 			return nil, err
 		}
 	}
@@ -259,11 +259,11 @@ func (a *Auth) lockForAdminChange(tx *gorm.DB, id int64) (*models.Operator, erro
 
 // keepsAnAdmin refuses to take op away as a global admin when it is the last one.
 func (a *Auth) keepsAnAdmin(tx *gorm.DB, op *models.Operator) error {
-	if op.Role != models.RoleAdmin || op.TenantID != nil {
+	if op.Role != RoleAdmin || op.TenantID != nil {
 		return nil
 	}
 	var others int64
-	if err := tx.Model(&models.Operator{}).Where("role = ? AND tenant_id IS NULL AND id <> ?", models.RoleAdmin, op.ID).
+	if err := tx.Model(&models.Operator{}).Where("role = ? AND tenant_id IS NULL AND id <> ?", RoleAdmin, op.ID).
 		Count(&others).Error; err != nil {
 		return err
 	}

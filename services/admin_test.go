@@ -57,7 +57,7 @@ func TestAdminAPIKeys(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		ctx := context.Background()
-		admin := adminAccount(t, b.db, adminUnique(t), models.RoleAdmin, nil)
+		admin := adminAccount(t, b.db, adminUnique(t), RoleAdmin, nil)
 		tenant := adminUnique(t)
 
 		secret, err := b.auth.AdminCreateAPIKey(ctx, admin, tenant, "billing worker")
@@ -108,12 +108,12 @@ func TestAdminRequiresGlobalAdmin(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		ctx := context.Background()
 		tid := b.p.TenantID
-		target := adminAccount(t, b.db, adminUnique(t), models.RoleOperator, nil)
+		target := adminAccount(t, b.db, adminUnique(t), RoleOperator, nil)
 		for _, acct := range []*OperatorAccount{
 			nil,
-			adminAccount(t, b.db, adminUnique(t), models.RoleOperator, nil),
-			adminAccount(t, b.db, adminUnique(t), models.RoleAuditor, nil),
-			adminAccount(t, b.db, adminUnique(t), models.RoleAdmin, &tid), // a tenant's admin manages nothing global
+			adminAccount(t, b.db, adminUnique(t), RoleOperator, nil),
+			adminAccount(t, b.db, adminUnique(t), RoleAuditor, nil),
+			adminAccount(t, b.db, adminUnique(t), RoleAdmin, &tid), // a tenant's admin manages nothing global
 		} {
 			_, err := b.auth.ListAPIKeys(ctx, acct)
 			require.ErrorIs(t, err, ErrUnauthorized)
@@ -122,14 +122,14 @@ func TestAdminRequiresGlobalAdmin(t *testing.T) {
 			require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, acct, b.p.APIKeyID), ErrUnauthorized)
 			_, err = b.auth.ListOperators(ctx, acct)
 			require.ErrorIs(t, err, ErrUnauthorized)
-			_, err = b.auth.AdminCreateOperator(ctx, acct, adminUnique(t), "a-long-password", models.RoleAdmin, "")
+			_, err = b.auth.AdminCreateOperator(ctx, acct, adminUnique(t), "a-long-password", RoleAdmin, "")
 			require.ErrorIs(t, err, ErrUnauthorized)
-			require.ErrorIs(t, b.auth.SetOperatorRole(ctx, acct, target.ID, models.RoleAdmin), ErrUnauthorized)
+			require.ErrorIs(t, b.auth.SetOperatorRole(ctx, acct, target.ID, RoleAdmin), ErrUnauthorized)
 			require.ErrorIs(t, b.auth.DeleteOperator(ctx, acct, target.ID), ErrUnauthorized)
 		}
 		got, err := b.auth.Operator(ctx, target.ID)
 		require.NoError(t, err)
-		require.Equal(t, models.RoleOperator, got.Role, "nothing changed")
+		require.Equal(t, RoleOperator, got.Role, "nothing changed")
 	})
 }
 
@@ -137,12 +137,12 @@ func TestAdminOperators(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		ctx := context.Background()
-		admin := adminAccount(t, b.db, adminUnique(t), models.RoleAdmin, nil)
+		admin := adminAccount(t, b.db, adminUnique(t), RoleAdmin, nil)
 		var tenant models.Tenant
 		require.NoError(t, b.db.Where("id = ?", b.p.TenantID).Take(&tenant).Error)
 
 		name := adminUnique(t)
-		op, err := b.auth.AdminCreateOperator(ctx, admin, name, "a-long-password", models.RoleOperator, tenant.Name)
+		op, err := b.auth.AdminCreateOperator(ctx, admin, name, "a-long-password", RoleOperator, tenant.Name)
 		require.NoError(t, err)
 		find := func() *OperatorInfo {
 			all, err := b.auth.ListOperators(ctx, admin)
@@ -156,15 +156,15 @@ func TestAdminOperators(t *testing.T) {
 		}
 		got := find()
 		require.NotNil(t, got)
-		require.Equal(t, OperatorInfo{ID: op.ID, Username: name, Role: models.RoleOperator, Tenant: tenant.Name, CreatedAt: got.CreatedAt}, *got)
+		require.Equal(t, OperatorInfo{ID: op.ID, Username: name, Role: RoleOperator, Tenant: tenant.Name, CreatedAt: got.CreatedAt}, *got)
 
-		_, err = b.auth.AdminCreateOperator(ctx, admin, adminUnique(t), "short", models.RoleOperator, "")
+		_, err = b.auth.AdminCreateOperator(ctx, admin, adminUnique(t), "short", RoleOperator, "")
 		require.ErrorIs(t, err, ErrInvalidRequest)
 
-		require.NoError(t, b.auth.SetOperatorRole(ctx, admin, op.ID, models.RoleAuditor))
-		require.Equal(t, models.RoleAuditor, find().Role)
+		require.NoError(t, b.auth.SetOperatorRole(ctx, admin, op.ID, RoleAuditor))
+		require.Equal(t, RoleAuditor, find().Role)
 		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, op.ID, "root"), ErrInvalidRequest)
-		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, -1, models.RoleAuditor), ErrNotFound)
+		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, -1, RoleAuditor), ErrNotFound)
 
 		require.NoError(t, b.auth.DeleteOperator(ctx, admin, op.ID))
 		require.Nil(t, find())
@@ -179,37 +179,37 @@ func TestAdminKeepsLastGlobalAdmin(t *testing.T) {
 	adminIsolated(t, func(t *testing.T, a *Auth, db *models.DB) {
 		ctx := context.Background()
 		tid := modeltest.Tenant(t, db)
-		root := adminAccount(t, db, "root", models.RoleAdmin, nil)
+		root := adminAccount(t, db, "root", RoleAdmin, nil)
 		// A tenant's admin does not count: it cannot administer the installation.
-		tenantAdmin := adminAccount(t, db, "tenant-admin", models.RoleAdmin, &tid)
+		tenantAdmin := adminAccount(t, db, "tenant-admin", RoleAdmin, &tid)
 
-		err := a.SetOperatorRole(ctx, root, root.ID, models.RoleOperator)
+		err := a.SetOperatorRole(ctx, root, root.ID, RoleOperator)
 		require.ErrorIs(t, err, ErrInvalidRequest)
 		require.Contains(t, err.Error(), "last global admin")
 		require.ErrorIs(t, a.DeleteOperator(ctx, root, root.ID), ErrInvalidRequest)
-		require.NoError(t, a.SetOperatorRole(ctx, root, root.ID, models.RoleAdmin), "a no-op is fine")
+		require.NoError(t, a.SetOperatorRole(ctx, root, root.ID, RoleAdmin), "a no-op is fine")
 		got, err := a.Operator(ctx, root.ID)
 		require.NoError(t, err)
-		require.Equal(t, models.RoleAdmin, got.Role)
+		require.Equal(t, RoleAdmin, got.Role)
 
 		// The tenant's admin can be demoted and deleted freely.
-		require.NoError(t, a.SetOperatorRole(ctx, root, tenantAdmin.ID, models.RoleAuditor))
+		require.NoError(t, a.SetOperatorRole(ctx, root, tenantAdmin.ID, RoleAuditor))
 		require.NoError(t, a.DeleteOperator(ctx, root, tenantAdmin.ID))
 
 		// With a second global admin, either may go, but not both.
-		second := adminAccount(t, db, "second", models.RoleAdmin, nil)
-		require.NoError(t, a.SetOperatorRole(ctx, second, root.ID, models.RoleAuditor))
+		second := adminAccount(t, db, "second", RoleAdmin, nil)
+		require.NoError(t, a.SetOperatorRole(ctx, second, root.ID, RoleAuditor))
 		require.ErrorIs(t, a.DeleteOperator(ctx, second, second.ID), ErrInvalidRequest)
 
 		// Two admins demoting each other at once: exactly one wins.
-		require.NoError(t, a.SetOperatorRole(ctx, second, root.ID, models.RoleAdmin))
+		require.NoError(t, a.SetOperatorRole(ctx, second, root.ID, RoleAdmin))
 		errs := make(chan error, 2)
-		go func() { errs <- a.SetOperatorRole(ctx, root, second.ID, models.RoleOperator) }()
-		go func() { errs <- a.SetOperatorRole(ctx, second, root.ID, models.RoleOperator) }()
+		go func() { errs <- a.SetOperatorRole(ctx, root, second.ID, RoleOperator) }()
+		go func() { errs <- a.SetOperatorRole(ctx, second, root.ID, RoleOperator) }()
 		e1, e2 := <-errs, <-errs
 		require.True(t, (e1 == nil) != (e2 == nil), "one demotion must be refused: %v, %v", e1, e2)
 		var admins int64
-		require.NoError(t, db.Model(&models.Operator{}).Where("role = ? AND tenant_id IS NULL", models.RoleAdmin).Count(&admins).Error)
+		require.NoError(t, db.Model(&models.Operator{}).Where("role = ? AND tenant_id IS NULL", RoleAdmin).Count(&admins).Error)
 		require.EqualValues(t, 1, admins)
 	})
 }

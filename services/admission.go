@@ -171,9 +171,9 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	}
 	a.obs.AcquireDecided(ctx, p.TenantName, row.Result)
 	switch row.Result {
-	case models.ResultConflict:
+	case ResultConflict:
 		return nil, ErrFingerprintMismatch
-	case models.ResultDuplicate:
+	case ResultDuplicate:
 		op := row.operation()
 		return &Acquisition{Admitted: false, Key: in.Key, Operation: &op}, nil
 	}
@@ -188,7 +188,7 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 		ExpiresAt:    row.OpExpiresAt.UTC(),
 	}
 	if row.PrevID != nil && row.PrevState != nil &&
-		(*row.PrevState == models.StateUncertain || *row.PrevState == models.StateSucceeded) {
+		(*row.PrevState == StateUncertain || *row.PrevState == StateSucceeded) {
 		acq.PreviousOperation = &PreviousOperation{
 			ID: *row.PrevID, State: *row.PrevState, FencingToken: deref(row.PrevFencingToken),
 			OutcomeStatus: row.PrevOutcomeStatus, OutcomeReceipt: row.PrevOutcomeReceipt,

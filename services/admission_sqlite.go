@@ -20,7 +20,7 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 		newOp := models.Operation{
 			ID: opID, TenantID: p.TenantID, Key: in.Key, OperationName: in.Operation,
 			Fingerprint: in.Fingerprint, CorrelationID: in.CorrelationID, AttemptID: in.AttemptID,
-			APIKeyID: &p.APIKeyID, Metadata: jsonArg(meta), State: models.StateInProgress, OwnerTokenHash: ownerHash,
+			APIKeyID: &p.APIKeyID, Metadata: jsonArg(meta), State: StateInProgress, OwnerTokenHash: ownerHash,
 			AcquiredAt: now, ExpiresAt: expires,
 		}
 		row.DBNow = now
@@ -37,7 +37,7 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 			if err := tx.Create(&newOp).Error; err != nil {
 				return err
 			}
-			row.Result = models.ResultAdmitted
+			row.Result = ResultAdmitted
 		case err != nil:
 			return err
 		case k.HolderOperationID != nil && k.ExpiresAt.After(now):
@@ -48,13 +48,13 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 			newOp = h
 			switch {
 			case !sameOptional(h.OperationName, in.Operation) || !sameOptional(h.Fingerprint, in.Fingerprint):
-				row.Result = models.ResultConflict
+				row.Result = ResultConflict
 				if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).
 					Update("conflict_attempts", gorm.Expr("conflict_attempts + 1")).Error; err != nil {
 					return err
 				}
 			case in.AttemptID != nil && h.AttemptID != nil && *h.AttemptID == *in.AttemptID &&
-				h.APIKeyID != nil && *h.APIKeyID == p.APIKeyID && h.State == models.StateInProgress:
+				h.APIKeyID != nil && *h.APIKeyID == p.APIKeyID && h.State == StateInProgress:
 				// Only the creating API key's retry, and only while the effect may still be
 				// running, gets its operation back (see Acquire); the immediate transaction
 				// keeps the state we read current.
@@ -62,9 +62,9 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 					Update("owner_token_hash", ownerHash).Error; err != nil {
 					return err
 				}
-				row.Result, row.Readmitted = models.ResultAdmitted, true
+				row.Result, row.Readmitted = ResultAdmitted, true
 			default:
-				row.Result = models.ResultDuplicate
+				row.Result = ResultDuplicate
 				if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).
 					Update("duplicate_attempts", gorm.Expr("duplicate_attempts + 1")).Error; err != nil {
 					return err
@@ -93,7 +93,7 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 			if err := tx.Create(&newOp).Error; err != nil {
 				return err
 			}
-			row.Result = models.ResultAdmitted
+			row.Result = ResultAdmitted
 		}
 		if err := tx.Create(&models.Attempt{
 			TenantID: p.TenantID, Key: in.Key, OperationID: &newOp.ID, Result: row.Result,
@@ -115,8 +115,8 @@ func (a *Admission) acquireSQLite(ctx context.Context, p Principal, in AcquireIn
 // becomes uncertain (reason ttl_expired_without_outcome), with an event. The caller has
 // established that the hold expired; the state compare makes this a no-op otherwise.
 func markExpiredUncertain(tx *gorm.DB, tenantID int64, opID string, now time.Time) error {
-	res := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", opID, models.StateInProgress).
-		Updates(map[string]any{"state": models.StateUncertain, "state_reason": ReasonTTLExpired})
+	res := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", opID, StateInProgress).
+		Updates(map[string]any{"state": StateUncertain, "state_reason": ReasonTTLExpired})
 	if res.Error != nil || res.RowsAffected == 0 {
 		return res.Error
 	}

@@ -26,7 +26,7 @@ func TestAcquireFreeKeyThenDuplicateThenConflict(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, acq.Admitted)
 		require.EqualValues(t, 1, acq.FencingToken)
-		require.Equal(t, models.StateInProgress, acq.State)
+		require.Equal(t, StateInProgress, acq.State)
 		require.NotEmpty(t, acq.OwnerToken)
 		require.Nil(t, acq.PreviousOperation)
 		require.WithinDuration(t, time.Now().Add(60*time.Second), acq.ExpiresAt, 5*time.Second)
@@ -105,11 +105,11 @@ func TestExpiredHoldIsReadmittedWithNextFencingToken(t *testing.T) {
 		require.EqualValues(t, 2, second.FencingToken)
 		require.NotNil(t, second.PreviousOperation)
 		require.Equal(t, first.OperationID, second.PreviousOperation.ID)
-		require.Equal(t, models.StateUncertain, second.PreviousOperation.State)
+		require.Equal(t, StateUncertain, second.PreviousOperation.State)
 
 		d, err := b.adm.GetOperation(ctx, b.p.TenantID, first.OperationID)
 		require.NoError(t, err)
-		require.Equal(t, models.StateUncertain, d.State)
+		require.Equal(t, StateUncertain, d.State)
 		require.Equal(t, ReasonTTLExpired, *d.StateReason)
 		require.False(t, d.Held)
 		require.Len(t, d.Events, 1)
@@ -233,7 +233,7 @@ func TestAttemptIDRetryReadmitsSameOperation(t *testing.T) {
 		require.Equal(t, first.OperationID, again.OperationID)
 		require.Equal(t, first.FencingToken, again.FencingToken)
 		require.EqualValues(t, 1, again.FencingToken)
-		require.Equal(t, models.StateInProgress, again.State)
+		require.Equal(t, StateInProgress, again.State)
 		require.Equal(t, first.ExpiresAt, again.ExpiresAt)
 		require.NotEmpty(t, again.OwnerToken)
 		require.NotEqual(t, first.OwnerToken, again.OwnerToken)
@@ -242,7 +242,7 @@ func TestAttemptIDRetryReadmitsSameOperation(t *testing.T) {
 		before := snapshot(t, b, first.OperationID)
 		_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: "pay-1", OwnerToken: first.OwnerToken})
 		require.ErrorIs(t, err, ErrNotOwner)
-		_, err = record(b, first, OutcomeInput{Status: models.StateSucceeded})
+		_, err = record(b, first, OutcomeInput{Status: StateSucceeded})
 		require.ErrorIs(t, err, ErrNotOwner)
 		require.Equal(t, before, snapshot(t, b, first.OperationID))
 
@@ -270,7 +270,7 @@ func TestAttemptIDRetryReadmitsSameOperation(t *testing.T) {
 
 		op, err := release(b, again)
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, StateReleased, op.State)
 		require.EqualValues(t, 1, op.DuplicateAttempts)
 		require.EqualValues(t, 1, op.ConflictAttempts)
 	})
@@ -280,20 +280,20 @@ func TestPreviousOperation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		succ := mustAcquire(t, b, "prev-succeeded", 1)
-		mustRecord(t, b, succ, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("rcpt-1")})
+		mustRecord(t, b, succ, OutcomeInput{Status: StateSucceeded, Receipt: ptr("rcpt-1")})
 		rel := mustAcquire(t, b, "prev-released", 1)
 		_, err := release(b, rel)
 		require.NoError(t, err)
 		failed := mustAcquire(t, b, "prev-failed", 1)
-		mustRecord(t, b, failed, OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, failed, OutcomeInput{Status: StateFailed})
 		waitExpiry()
 
 		next := mustAcquire(t, b, "prev-succeeded", 60)
 		require.EqualValues(t, 2, next.FencingToken)
-		require.Equal(t, &PreviousOperation{ID: succ.OperationID, State: models.StateSucceeded, FencingToken: 1,
-			OutcomeStatus: ptr(models.StateSucceeded), OutcomeReceipt: ptr("rcpt-1")}, next.PreviousOperation)
+		require.Equal(t, &PreviousOperation{ID: succ.OperationID, State: StateSucceeded, FencingToken: 1,
+			OutcomeStatus: ptr(StateSucceeded), OutcomeReceipt: ptr("rcpt-1")}, next.PreviousOperation)
 		// The succeeded operation keeps its state; only the hold moved on.
-		require.Equal(t, models.StateSucceeded, opRow(t, b, succ.OperationID).State)
+		require.Equal(t, StateSucceeded, opRow(t, b, succ.OperationID).State)
 
 		next = mustAcquire(t, b, "prev-released", 60)
 		require.EqualValues(t, 2, next.FencingToken)
@@ -302,7 +302,7 @@ func TestPreviousOperation(t *testing.T) {
 		next = mustAcquire(t, b, "prev-failed", 60)
 		require.EqualValues(t, 2, next.FencingToken)
 		require.Nil(t, next.PreviousOperation)
-		require.Equal(t, models.StateFailed, opRow(t, b, failed.OperationID).State)
+		require.Equal(t, StateFailed, opRow(t, b, failed.OperationID).State)
 	})
 }
 
@@ -379,13 +379,13 @@ func TestConcurrentMixKeepsInvariants(t *testing.T) {
 					case 0, 1:
 						_, err = release(b, target)
 					case 2:
-						_, err = record(b, target, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("r")})
+						_, err = record(b, target, OutcomeInput{Status: StateSucceeded, Receipt: ptr("r")})
 					case 3:
-						_, err = record(b, target, OutcomeInput{Status: models.StateFailed})
+						_, err = record(b, target, OutcomeInput{Status: StateFailed})
 					case 4:
-						_, err = record(b, target, OutcomeInput{Status: models.StateFailed, Release: true})
+						_, err = record(b, target, OutcomeInput{Status: StateFailed, Release: true})
 					case 5:
-						_, err = record(b, target, OutcomeInput{Status: models.StateUncertain})
+						_, err = record(b, target, OutcomeInput{Status: StateUncertain})
 					case 6:
 						_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: key, OwnerToken: target.OwnerToken})
 					}
@@ -433,21 +433,21 @@ func checkInvariants(t *testing.T, b *testBundle, admitted int) {
 		// At most one hold per key, and only ever by the newest operation, never a released one.
 		if k.HolderOperationID != nil {
 			require.Equal(t, last.ID, *k.HolderOperationID, k.Key)
-			require.NotEqual(t, models.StateReleased, last.State, k.Key)
+			require.NotEqual(t, StateReleased, last.State, k.Key)
 			require.NotNil(t, k.ExpiresAt, k.Key)
 		} else {
 			require.Nil(t, k.ExpiresAt, k.Key)
 		}
 		// Every older generation was taken over, so none of them may still be in_progress.
 		for _, op := range gen[:len(gen)-1] {
-			require.NotEqual(t, models.StateInProgress, op.State, "%s generation %d", k.Key, op.FencingToken)
+			require.NotEqual(t, StateInProgress, op.State, "%s generation %d", k.Key, op.FencingToken)
 		}
 	}
 	for _, op := range ops {
-		if op.State == models.StateReleased {
+		if op.State == StateReleased {
 			require.NotNil(t, op.ReleasedAt)
 		}
-		if op.State != models.StateInProgress && op.State != models.StateUncertain {
+		if op.State != StateInProgress && op.State != StateUncertain {
 			require.NotNil(t, op.EndedAt, "%s is %s", op.ID, op.State)
 		}
 	}
@@ -460,7 +460,7 @@ func checkInvariants(t *testing.T, b *testBundle, admitted int) {
 		op, ok := byID[*a.OperationID]
 		require.True(t, ok, "attempt %d names a missing operation", a.ID)
 		require.Equal(t, op.Key, a.Key)
-		if a.Result == models.ResultAdmitted {
+		if a.Result == ResultAdmitted {
 			admittedAttempts[op.ID]++
 		}
 	}
@@ -519,14 +519,14 @@ func TestConcurrentAcquireOfExpiredKey(t *testing.T) {
 		require.Len(t, dups, n-1)
 		w := winners[0]
 		require.EqualValues(t, 2, w.FencingToken)
-		require.Equal(t, &PreviousOperation{ID: old.OperationID, State: models.StateUncertain, FencingToken: 1}, w.PreviousOperation)
+		require.Equal(t, &PreviousOperation{ID: old.OperationID, State: StateUncertain, FencingToken: 1}, w.PreviousOperation)
 		for _, d := range dups {
 			require.Equal(t, w.OperationID, d.Operation.ID)
 			require.EqualValues(t, 2, d.Operation.FencingToken)
 		}
 		d, err := b.adm.GetOperation(bg, b.p.TenantID, old.OperationID)
 		require.NoError(t, err)
-		require.Equal(t, models.StateUncertain, d.State)
+		require.Equal(t, StateUncertain, d.State)
 		require.Len(t, d.Events, 1)
 		k, err := b.adm.GetKey(bg, b.p.TenantID, "expired-race")
 		require.NoError(t, err)
@@ -550,7 +550,7 @@ func TestListKeysAndAttempts(t *testing.T) {
 			acq, err := b.adm.Acquire(bg, b.p, in)
 			require.NoError(t, err)
 			if i == 3 {
-				mustRecord(t, b, acq, OutcomeInput{Status: models.StateSucceeded})
+				mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded})
 			}
 			want = append([]string{key}, want...)
 		}
@@ -571,14 +571,14 @@ func TestListKeysAndAttempts(t *testing.T) {
 		}
 		require.Equal(t, want, got)
 
-		page, err := b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{State: models.StateSucceeded})
+		page, err := b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{State: StateSucceeded})
 		require.NoError(t, err)
 		require.Len(t, page.Items, 1)
 		require.Equal(t, "list-3", page.Items[0].Key)
 		page, err = b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even"})
 		require.NoError(t, err)
 		require.Len(t, page.Items, 4)
-		page, err = b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even", State: models.StateInProgress, Limit: 2})
+		page, err = b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even", State: StateInProgress, Limit: 2})
 		require.NoError(t, err)
 		require.Equal(t, []string{"list-6", "list-4"}, []string{page.Items[0].Key, page.Items[1].Key})
 		require.NotEmpty(t, page.NextCursor)
@@ -599,9 +599,9 @@ func TestListKeysAndAttempts(t *testing.T) {
 		atts, err := b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: "list-0"})
 		require.NoError(t, err)
 		require.Len(t, atts.Items, 3)
-		require.Equal(t, models.ResultConflict, atts.Items[0].Result)
+		require.Equal(t, ResultConflict, atts.Items[0].Result)
 		require.Equal(t, b.p.Prefix, atts.Items[0].Caller)
-		atts, err = b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Result: models.ResultDuplicate})
+		atts, err = b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Result: ResultDuplicate})
 		require.NoError(t, err)
 		require.Len(t, atts.Items, 1)
 		var ids []int64

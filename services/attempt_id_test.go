@@ -5,7 +5,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,27 +24,27 @@ func newestAttempt(t *testing.T, b *testBundle, key string) string {
 func TestAttemptIDRetryAfterOutcomeIsDuplicate(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleOperator, &b.p.TenantID)
+		acct := operatorAcct(RoleOperator, &b.p.TenantID)
 		cases := []struct {
 			name  string
 			state string
 			set   func(acq *Acquisition)
 		}{
-			{"owner succeeded", models.StateSucceeded, func(acq *Acquisition) {
-				mustRecord(t, b, acq, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("ch_1")})
+			{"owner succeeded", StateSucceeded, func(acq *Acquisition) {
+				mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded, Receipt: ptr("ch_1")})
 			}},
-			{"owner failed, hold kept", models.StateFailed, func(acq *Acquisition) {
-				mustRecord(t, b, acq, OutcomeInput{Status: models.StateFailed})
+			{"owner failed, hold kept", StateFailed, func(acq *Acquisition) {
+				mustRecord(t, b, acq, OutcomeInput{Status: StateFailed})
 			}},
-			{"owner uncertain", models.StateUncertain, func(acq *Acquisition) {
-				mustRecord(t, b, acq, OutcomeInput{Status: models.StateUncertain})
+			{"owner uncertain", StateUncertain, func(acq *Acquisition) {
+				mustRecord(t, b, acq, OutcomeInput{Status: StateUncertain})
 			}},
-			{"operator failed", models.StateFailed, func(acq *Acquisition) {
-				_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: models.StateFailed, Note: "declined"})
+			{"operator failed", StateFailed, func(acq *Acquisition) {
+				_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "declined"})
 				require.NoError(t, err)
 			}},
-			{"operator succeeded", models.StateSucceeded, func(acq *Acquisition) {
-				_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: models.StateSucceeded, Note: "seen at the PSP"})
+			{"operator succeeded", StateSucceeded, func(acq *Acquisition) {
+				_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateSucceeded, Note: "seen at the PSP"})
 				require.NoError(t, err)
 			}},
 		}
@@ -83,7 +82,7 @@ func TestAttemptIDRetryAfterOutcomeIsDuplicate(t *testing.T) {
 		require.True(t, again.Admitted)
 		require.False(t, again.Readmitted)
 		require.NotEqual(t, first.OperationID, again.OperationID)
-		require.Equal(t, models.StateInProgress, again.State)
+		require.Equal(t, StateInProgress, again.State)
 		require.EqualValues(t, 2, again.FencingToken)
 	})
 }
@@ -108,8 +107,8 @@ func TestAttemptIDRetryRacingOutcomeNeverAdmitsAnOutcome(t *testing.T) {
 				defer wg.Done()
 				// The owner token may be replaced by a concurrent retry; the operator path
 				// needs none and records the outcome regardless.
-				_, errs[retriers] = b.adm.ReconcileOutcome(bg, operatorAcct(models.RoleOperator, &b.p.TenantID),
-					first.OperationID, ReconcileInput{Status: models.StateSucceeded, Note: "race"})
+				_, errs[retriers] = b.adm.ReconcileOutcome(bg, operatorAcct(RoleOperator, &b.p.TenantID),
+					first.OperationID, ReconcileInput{Status: StateSucceeded, Note: "race"})
 			}()
 			for i := 0; i < retriers; i++ {
 				go func() {
@@ -123,12 +122,12 @@ func TestAttemptIDRetryRacingOutcomeNeverAdmitsAnOutcome(t *testing.T) {
 			}
 			for _, res := range results {
 				if res.Admitted {
-					require.Equal(t, models.StateInProgress, res.State, "round %d: a 201 with state %s", r, res.State)
+					require.Equal(t, StateInProgress, res.State, "round %d: a 201 with state %s", r, res.State)
 					require.Equal(t, first.OperationID, res.OperationID)
 					admittedInProgress++
 				} else {
 					require.Equal(t, first.OperationID, res.Operation.ID)
-					require.Equal(t, models.StateSucceeded, res.Operation.State)
+					require.Equal(t, StateSucceeded, res.Operation.State)
 					duplicates++
 				}
 			}
@@ -176,12 +175,12 @@ func TestAttemptIDIsBoundToTheCreatingAPIKey(t *testing.T) {
 		require.True(t, again.Admitted)
 		require.True(t, again.Readmitted)
 		require.Equal(t, first.OperationID, again.OperationID)
-		op, err := b.adm.RecordOutcome(bg, pa, first.OperationID, OutcomeInput{OwnerToken: again.OwnerToken, Status: models.StateFailed})
+		op, err := b.adm.RecordOutcome(bg, pa, first.OperationID, OutcomeInput{OwnerToken: again.OwnerToken, Status: StateFailed})
 		require.NoError(t, err)
-		require.Equal(t, models.StateFailed, op.State)
+		require.Equal(t, StateFailed, op.State)
 		op, err = b.adm.Release(bg, pa, ReleaseInput{Key: "bound-1", OwnerToken: again.OwnerToken})
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, StateReleased, op.State)
 
 		// And with no replay in between, the first owner token works as issued.
 		first2, err := b.adm.Acquire(bg, pa, AcquireInput{Key: "bound-2", TTLSeconds: 60, AttemptID: ptr("Y")})

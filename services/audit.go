@@ -66,7 +66,7 @@ type AuditGroup struct {
 func possibleDuplicateEffectOf(op string) string {
 	return `EXISTS (SELECT 1 FROM operations pl JOIN operations pe
 	  ON pe.tenant_id = pl.tenant_id AND pe.key = pl.key AND pe.fencing_token < pl.fencing_token
-	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + models.StateSucceeded + `', '` + models.StateUncertain + `'))`
+	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + StateSucceeded + `', '` + StateUncertain + `'))`
 }
 
 // AuditReport is the Audit page: the resolved filter and the groups, most recent last attempt
@@ -166,9 +166,9 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 			"MIN(CASE WHEN result <> ? THEN attempted_at END) AS first_at, "+
 			"MAX(CASE WHEN result <> ? THEN attempted_at END) AS last_at, "+
 			"MIN(attempted_at) AS first_any, MAX(attempted_at) AS last_any, MAX(id) AS last_id",
-			models.ResultDuplicate, models.ResultConflict, models.ResultAdmitted, models.ResultAdmitted).
+			ResultDuplicate, ResultConflict, ResultAdmitted, ResultAdmitted).
 		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
-			[]string{models.ResultDuplicate, models.ResultConflict}, models.ResultAdmitted).
+			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
 		Where("attempted_at >= ? AND attempted_at < ?", f.From, f.To).
 		Group("tenant_id, key").
 		Order("last_any DESC, tenant_id, key").
@@ -321,7 +321,7 @@ func (a *Admission) auditAttemptsBatch(ctx context.Context, timeout time.Duratio
 		Joins("JOIN tenants t ON t.id = a.tenant_id").
 		Where("a.id > ?", after).
 		Where("(a.result IN ? OR (a.result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
-			[]string{models.ResultDuplicate, models.ResultConflict}, models.ResultAdmitted).
+			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
 		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
 		Order("a.id").
 		Limit(AuditExportBatch)

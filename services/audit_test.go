@@ -26,7 +26,7 @@ func TestAuditGroupsAndFlags(t *testing.T) {
 		require.ErrorIs(t, err, ErrFingerprintMismatch)
 		// "again": succeeded, then admitted again after its TTL, then a duplicate.
 		first := mustAcquire(t, b, "again", 1)
-		mustRecord(t, b, first, OutcomeInput{Status: models.StateSucceeded})
+		mustRecord(t, b, first, OutcomeInput{Status: StateSucceeded})
 		waitExpiry()
 		mustAcquire(t, b, "again", 60)
 		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "again", TTLSeconds: 60})
@@ -146,14 +146,14 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 		for _, k := range []string{"resold", "lost", "reaped", "failed", "released", "cleared"} {
 			first[k] = mustAcquire(t, b, k, 1)
 		}
-		mustRecord(t, b, first["resold"], OutcomeInput{Status: models.StateSucceeded})
-		mustRecord(t, b, first["failed"], OutcomeInput{Status: models.StateFailed})
-		mustRecord(t, b, first["released"], OutcomeInput{Status: models.StateFailed, Release: true})
+		mustRecord(t, b, first["resold"], OutcomeInput{Status: StateSucceeded})
+		mustRecord(t, b, first["failed"], OutcomeInput{Status: StateFailed})
+		mustRecord(t, b, first["released"], OutcomeInput{Status: StateFailed, Release: true})
 		waitExpiry()
 		second := map[string]*Acquisition{"lost": mustAcquire(t, b, "lost", 60)} // uncertain by the takeover
 		_, err := b.reaper.RunOnce(bg)                                           // "reaped" and "cleared" by the reaper
 		require.NoError(t, err)
-		mustRecord(t, b, first["cleared"], OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, first["cleared"], OutcomeInput{Status: StateFailed})
 		for k := range first {
 			if second[k] == nil {
 				second[k] = mustAcquire(t, b, k, 60)
@@ -182,13 +182,13 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 		}))
 		require.Len(t, rows, 3)
 		for _, r := range rows {
-			require.Equal(t, models.ResultAdmitted, r.Result)
+			require.Equal(t, ResultAdmitted, r.Result)
 			require.Equal(t, second[r.Key].OperationID, r.OperationID)
 			require.True(t, r.PossibleDuplicateEffect)
 		}
 
 		// The detail page's warning names the earlier operation, and only on the later one.
-		acct := &OperatorAccount{Username: "auditor", Role: models.RoleAuditor, TenantID: &b.p.TenantID}
+		acct := &OperatorAccount{Username: "auditor", Role: RoleAuditor, TenantID: &b.p.TenantID}
 		for k := range first {
 			d, err := b.adm.OperationForOperator(bg, acct, second[k].OperationID)
 			require.NoError(t, err)
@@ -219,7 +219,7 @@ func TestAuditExportPagesThroughEveryRow(t *testing.T) {
 		rows := make([]models.Attempt, 0, n)
 		for i := 0; i < n; i++ {
 			rows = append(rows, models.Attempt{TenantID: b.p.TenantID, Key: fmt.Sprintf("page-%04d", i),
-				Result: models.ResultDuplicate, Caller: "idg_test", AttemptedAt: now.Add(time.Duration(i%3) * time.Microsecond)})
+				Result: ResultDuplicate, Caller: "idg_test", AttemptedAt: now.Add(time.Duration(i%3) * time.Microsecond)})
 		}
 		require.NoError(t, b.db.CreateInBatches(rows, 200).Error)
 		var keys []string

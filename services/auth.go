@@ -215,7 +215,7 @@ func (a *Auth) CreateOperator(ctx context.Context, username, password, role, ten
 		fe = append(fe, FieldError{Field: "username", Message: msg})
 	}
 	switch role {
-	case models.RoleAdmin, models.RoleOperator, models.RoleAuditor:
+	case RoleAdmin, RoleOperator, RoleAuditor:
 	default:
 		fe = append(fe, FieldError{Field: "role", Message: "must be admin, operator or auditor"})
 	}
@@ -315,7 +315,7 @@ func (a *Auth) Bootstrap(ctx context.Context, adminPassword, apiKey string) (*Bo
 			pw = newSecret("")[:24]
 			res.AdminPassword = pw
 		}
-		_, err := a.CreateOperator(ctx, "admin", pw, models.RoleAdmin, "")
+		_, err := a.CreateOperator(ctx, "admin", pw, RoleAdmin, "")
 		if err != nil && !isTaken(err) {
 			return nil, fmt.Errorf("bootstrap admin (IDEMGATE_ADMIN_PASSWORD): %w", err)
 		}

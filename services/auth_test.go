@@ -166,12 +166,12 @@ func TestCreateOperatorAndLogin(t *testing.T) {
 		global, restricted := uniqueName("alice-"), uniqueName("bob-")
 		const pw = "correct horse battery"
 
-		acc, err := b.auth.CreateOperator(bg, global, pw, models.RoleAdmin, "")
+		acc, err := b.auth.CreateOperator(bg, global, pw, RoleAdmin, "")
 		require.NoError(t, err)
 		require.Equal(t, global, acc.Username)
-		require.Equal(t, models.RoleAdmin, acc.Role)
+		require.Equal(t, RoleAdmin, acc.Role)
 		require.Nil(t, acc.TenantID)
-		acc2, err := b.auth.CreateOperator(bg, restricted, pw, models.RoleAuditor, tenant)
+		acc2, err := b.auth.CreateOperator(bg, restricted, pw, RoleAuditor, tenant)
 		require.NoError(t, err)
 		require.Equal(t, tenantID(t, b.db, tenant), deref(acc2.TenantID))
 
@@ -184,15 +184,15 @@ func TestCreateOperatorAndLogin(t *testing.T) {
 		for _, tc := range []struct {
 			name, username, password, role, tenant, field string
 		}{
-			{"short password", uniqueName("u-"), "elevenchars", models.RoleOperator, "", "password"},
-			{"password over 72 bytes", uniqueName("u-"), strings.Repeat("p", 73), models.RoleOperator, "", "password"},
-			{"short multibyte password", uniqueName("u-"), "ключключклю", models.RoleOperator, "", "password"},
+			{"short password", uniqueName("u-"), "elevenchars", RoleOperator, "", "password"},
+			{"password over 72 bytes", uniqueName("u-"), strings.Repeat("p", 73), RoleOperator, "", "password"},
+			{"short multibyte password", uniqueName("u-"), "ключключклю", RoleOperator, "", "password"},
 			{"bad role", uniqueName("u-"), pw, "root", "", "role"},
 			{"empty role", uniqueName("u-"), pw, "", "", "role"},
-			{"unknown tenant", uniqueName("u-"), pw, models.RoleOperator, uniqueName("nope-"), "tenant"},
-			{"taken username", global, pw, models.RoleOperator, "", "username"},
-			{"bad username", "has space", pw, models.RoleOperator, "", "username"},
-			{"empty username", "", pw, models.RoleOperator, "", "username"},
+			{"unknown tenant", uniqueName("u-"), pw, RoleOperator, uniqueName("nope-"), "tenant"},
+			{"taken username", global, pw, RoleOperator, "", "username"},
+			{"bad username", "has space", pw, RoleOperator, "", "username"},
+			{"empty username", "", pw, RoleOperator, "", "username"},
 		} {
 			if tc.username != global {
 				refused = append(refused, tc.username)
@@ -263,7 +263,7 @@ func TestBootstrap(t *testing.T) {
 
 			acc, err := auth.Login(bg, "admin", res.AdminPassword)
 			require.NoError(t, err)
-			require.Equal(t, models.RoleAdmin, acc.Role)
+			require.Equal(t, RoleAdmin, acc.Role)
 			require.Nil(t, acc.TenantID)
 			p, err := auth.Authenticate(bg, res.APIKey)
 			require.NoError(t, err)

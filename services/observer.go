@@ -3,8 +3,6 @@ package services
 import (
 	"context"
 	"errors"
-
-	"github.com/idemgate/idemgate/models"
 )
 
 // Observer is told about the decisions this package makes, so that an adapter can count them
@@ -113,12 +111,12 @@ func observeOutcome(ctx context.Context, o Observer, source, status string, chan
 	// The constants, never the caller's string: it may point into a request buffer that is
 	// reused after the request, and label values outlive it. Bounded whatever was sent.
 	switch status {
-	case models.StateSucceeded:
-		status = models.StateSucceeded
-	case models.StateFailed:
-		status = models.StateFailed
-	case models.StateUncertain:
-		status = models.StateUncertain
+	case StateSucceeded:
+		status = StateSucceeded
+	case StateFailed:
+		status = StateFailed
+	case StateUncertain:
+		status = StateUncertain
 	default:
 		status = "invalid"
 	}

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -79,9 +78,9 @@ func TestObserverSeesDecisionsOnly(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotOwner)
 		_, err = adm.RecordOutcome(bg, p, acq.OperationID, OutcomeInput{OwnerToken: acq.OwnerToken, Status: "made up"})
 		require.ErrorIs(t, err, ErrInvalidRequest)
-		_, err = adm.RecordOutcome(bg, p, acq.OperationID, OutcomeInput{OwnerToken: acq.OwnerToken, Status: models.StateFailed})
+		_, err = adm.RecordOutcome(bg, p, acq.OperationID, OutcomeInput{OwnerToken: acq.OwnerToken, Status: StateFailed})
 		require.NoError(t, err)
-		_, err = adm.RecordOutcome(bg, p, acq.OperationID, OutcomeInput{OwnerToken: acq.OwnerToken, Status: models.StateFailed})
+		_, err = adm.RecordOutcome(bg, p, acq.OperationID, OutcomeInput{OwnerToken: acq.OwnerToken, Status: StateFailed})
 		require.NoError(t, err)
 		_, err = adm.Release(bg, p, ReleaseInput{Key: "obs-1", OwnerToken: acq.OwnerToken})
 		require.NoError(t, err)
@@ -93,15 +92,15 @@ func TestObserverSeesDecisionsOnly(t *testing.T) {
 			"release api released",
 		}, rec.take())
 
-		auditor := &OperatorAccount{Username: "aud", Role: models.RoleAuditor}
+		auditor := &OperatorAccount{Username: "aud", Role: RoleAuditor}
 		_, err = adm.OperatorRelease(bg, auditor, acq.OperationID, OperatorReleaseInput{OperationID: acq.OperationID,
 			FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrUnauthorized)
-		operator := &OperatorAccount{Username: "op", Role: models.RoleOperator}
+		operator := &OperatorAccount{Username: "op", Role: RoleOperator}
 		_, err = adm.OperatorRelease(bg, operator, acq.OperationID, OperatorReleaseInput{OperationID: acq.OperationID,
 			FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrKeyNotHeld)
-		_, err = adm.ReconcileOutcome(bg, operator, acq.OperationID, ReconcileInput{Status: models.StateSucceeded, Note: "n"})
+		_, err = adm.ReconcileOutcome(bg, operator, acq.OperationID, ReconcileInput{Status: StateSucceeded, Note: "n"})
 		require.ErrorIs(t, err, ErrInvalidTransition)
 		require.Equal(t, []string{"release operator key_not_held", "outcome operator succeeded invalid_transition"}, rec.take())
 

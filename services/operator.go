@@ -104,7 +104,7 @@ type ReconcileInput struct {
 func (in *ReconcileInput) validate() error {
 	var fe []FieldError
 	switch in.Status {
-	case models.StateSucceeded, models.StateFailed:
+	case StateSucceeded, StateFailed:
 	case "":
 		fe = append(fe, FieldError{Field: "status", Message: "is required: succeeded or failed"})
 	default:
@@ -162,7 +162,7 @@ func requiredText(s string, max int) string {
 // canAct reports whether acct may record outcomes and release keys (SPEC.md §5): admins and
 // operators; auditors are read-only.
 func canAct(acct *OperatorAccount) error {
-	if acct != nil && (acct.Role == models.RoleAdmin || acct.Role == models.RoleOperator) {
+	if acct != nil && (acct.Role == RoleAdmin || acct.Role == RoleOperator) {
 		return nil
 	}
 	return &Error{Code: CodeUnauthorized, Message: "This account is read-only; only admins and operators may act on operations."}
@@ -272,7 +272,7 @@ func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAcco
 	var earlier []models.Operation
 	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
 		Where("tenant_id = ? AND key = ? AND fencing_token < ? AND state IN ?", m.TenantID, m.Key, m.FencingToken,
-			[]string{models.StateSucceeded, models.StateUncertain}).
+			[]string{StateSucceeded, StateUncertain}).
 		Order("fencing_token DESC").Limit(MaxGenerations).Find(&earlier).Error; err != nil {
 		return nil, storeError("get operation", err)
 	}
@@ -335,7 +335,7 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 		if err != nil {
 			return err
 		}
-		if op.State != models.StateInProgress && op.State != models.StateUncertain {
+		if op.State != StateInProgress && op.State != StateUncertain {
 			if op.OutcomeStatus != nil && *op.OutcomeStatus == in.Status && sameOptional(op.OutcomeReceipt, in.Receipt) {
 				// SPEC.md §3: the same outcome again succeeds and changes nothing (a form
 				// submitted twice, two operators agreeing).

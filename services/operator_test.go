@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,21 +20,21 @@ func makeUncertain(t *testing.T, b *testBundle, key string) *Acquisition {
 	waitExpiry()
 	_, err := b.reaper.RunOnce(bg)
 	require.NoError(t, err)
-	require.Equal(t, models.StateUncertain, opRow(t, b, acq.OperationID).State)
+	require.Equal(t, StateUncertain, opRow(t, b, acq.OperationID).State)
 	return acq
 }
 
 func TestReconcileOutcomeTransitions(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleOperator, &b.p.TenantID)
+		acct := operatorAcct(RoleOperator, &b.p.TenantID)
 
 		// uncertain -> succeeded, recorded as the operator with a receipt and an event.
 		unc := makeUncertain(t, b, "rec/uncertain")
 		op, err := b.adm.ReconcileOutcome(bg, acct, unc.OperationID, ReconcileInput{
-			Status: models.StateSucceeded, Receipt: ptr("ch_123"), Note: "checked the PSP dashboard"})
+			Status: StateSucceeded, Receipt: ptr("ch_123"), Note: "checked the PSP dashboard"})
 		require.NoError(t, err)
-		require.Equal(t, models.StateSucceeded, op.State)
+		require.Equal(t, StateSucceeded, op.State)
 		require.NotNil(t, op.Outcome)
 		require.Equal(t, acct.Username, op.Outcome.RecordedBy)
 		require.Equal(t, "ch_123", deref(op.Outcome.Receipt))
@@ -49,23 +48,23 @@ func TestReconcileOutcomeTransitions(t *testing.T) {
 
 		// in_progress -> failed; the hold stays (release is its own, owner-checked step).
 		run := mustAcquire(t, b, "rec/running", 60)
-		op, err = b.adm.ReconcileOutcome(bg, acct, run.OperationID, ReconcileInput{Status: models.StateFailed, Note: "declined"})
+		op, err = b.adm.ReconcileOutcome(bg, acct, run.OperationID, ReconcileInput{Status: StateFailed, Note: "declined"})
 		require.NoError(t, err)
-		require.Equal(t, models.StateFailed, op.State)
+		require.Equal(t, StateFailed, op.State)
 		require.True(t, op.Held)
 
 		// Any other state is refused and nothing changes: failed, succeeded (also a repeat),
 		// released.
 		for _, id := range []string{run.OperationID, unc.OperationID} {
 			before := snapshot(t, b, id)
-			_, err = b.adm.ReconcileOutcome(bg, acct, id, ReconcileInput{Status: models.StateSucceeded, Note: "again"})
+			_, err = b.adm.ReconcileOutcome(bg, acct, id, ReconcileInput{Status: StateSucceeded, Note: "again"})
 			require.ErrorIs(t, err, ErrInvalidTransition)
 			require.Equal(t, before, snapshot(t, b, id))
 		}
 		rel := mustAcquire(t, b, "rec/released", 60)
 		_, err = release(b, rel)
 		require.NoError(t, err)
-		_, err = b.adm.ReconcileOutcome(bg, acct, rel.OperationID, ReconcileInput{Status: models.StateFailed, Note: "x"})
+		_, err = b.adm.ReconcileOutcome(bg, acct, rel.OperationID, ReconcileInput{Status: StateFailed, Note: "x"})
 		require.ErrorIs(t, err, ErrInvalidTransition)
 	})
 }
@@ -74,11 +73,11 @@ func TestReconcileOutcomeKeepsStoredResponse(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "rec/resp", 60)
-		mustRecord(t, b, acq, OutcomeInput{Status: models.StateUncertain, Response: []byte(`{"psp":"timeout"}`)})
-		op, err := b.adm.ReconcileOutcome(bg, operatorAcct(models.RoleAdmin, nil), acq.OperationID,
-			ReconcileInput{Status: models.StateSucceeded, Note: "found it"})
+		mustRecord(t, b, acq, OutcomeInput{Status: StateUncertain, Response: []byte(`{"psp":"timeout"}`)})
+		op, err := b.adm.ReconcileOutcome(bg, operatorAcct(RoleAdmin, nil), acq.OperationID,
+			ReconcileInput{Status: StateSucceeded, Note: "found it"})
 		require.NoError(t, err)
-		require.Equal(t, models.StateSucceeded, op.State)
+		require.Equal(t, StateSucceeded, op.State)
 		require.JSONEq(t, `{"psp":"timeout"}`, string(op.Outcome.Response))
 		require.Equal(t, "oncall-admin", op.Outcome.RecordedBy)
 	})
@@ -87,7 +86,7 @@ func TestReconcileOutcomeKeepsStoredResponse(t *testing.T) {
 func TestOperatorActionsValidation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleOperator, nil)
+		acct := operatorAcct(RoleOperator, nil)
 		acq := mustAcquire(t, b, "val/op", 60)
 		other := mustAcquire(t, b, "val/other", 60)
 		before := snapshot(t, b, acq.OperationID)
@@ -102,9 +101,9 @@ func TestOperatorActionsValidation(t *testing.T) {
 			return out
 		}
 		for _, in := range []ReconcileInput{
-			{Status: models.StateSucceeded},
-			{Status: models.StateSucceeded, Note: "  \n "},
-			{Status: models.StateSucceeded, Note: strings.Repeat("n", MaxNoteChars+1)},
+			{Status: StateSucceeded},
+			{Status: StateSucceeded, Note: "  \n "},
+			{Status: StateSucceeded, Note: strings.Repeat("n", MaxNoteChars+1)},
 		} {
 			_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
 			require.Equal(t, []string{"note"}, fieldsOf(err))
@@ -125,7 +124,7 @@ func TestOperatorActionsValidation(t *testing.T) {
 			OperatorReleaseInput{OperationID: other.OperationID, FencingToken: 0, Reason: "r"})
 		require.Equal(t, []string{"operation_id", "fencing_token"}, fieldsOf(err))
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
-		require.Equal(t, models.StateInProgress, opRow(t, b, other.OperationID).State)
+		require.Equal(t, StateInProgress, opRow(t, b, other.OperationID).State)
 	})
 }
 
@@ -134,8 +133,8 @@ func TestOperatorActionsRefuseAuditors(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "aud/op", 60)
 		before := snapshot(t, b, acq.OperationID)
-		for _, acct := range []*OperatorAccount{operatorAcct(models.RoleAuditor, nil), {Username: "x", Role: "bogus"}, nil} {
-			_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: models.StateFailed, Note: "n"})
+		for _, acct := range []*OperatorAccount{operatorAcct(RoleAuditor, nil), {Username: "x", Role: "bogus"}, nil} {
+			_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "n"})
 			require.ErrorIs(t, err, ErrUnauthorized)
 			_, err = b.adm.OperatorRelease(bg, acct, acq.OperationID,
 				OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "r"})
@@ -143,7 +142,7 @@ func TestOperatorActionsRefuseAuditors(t *testing.T) {
 		}
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
 		// Reading is allowed.
-		d, err := b.adm.OperationForOperator(bg, operatorAcct(models.RoleAuditor, nil), acq.OperationID)
+		d, err := b.adm.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, acq.OperationID, d.ID)
 	})
@@ -154,12 +153,12 @@ func TestOperatorTenantScope(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "scope/op", 60)
 		other := otherTenant(t, b)
-		restricted := operatorAcct(models.RoleOperator, &other.TenantID)
+		restricted := operatorAcct(RoleOperator, &other.TenantID)
 		before := snapshot(t, b, acq.OperationID)
 
 		_, err := b.adm.OperationForOperator(bg, restricted, acq.OperationID)
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.adm.ReconcileOutcome(bg, restricted, acq.OperationID, ReconcileInput{Status: models.StateFailed, Note: "n"})
+		_, err = b.adm.ReconcileOutcome(bg, restricted, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "n"})
 		require.ErrorIs(t, err, ErrNotFound)
 		_, err = b.adm.OperatorRelease(bg, restricted, acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "r"})
@@ -171,7 +170,7 @@ func TestOperatorTenantScope(t *testing.T) {
 		}
 
 		// The own tenant's account and a global one see it.
-		for _, acct := range []*OperatorAccount{operatorAcct(models.RoleAuditor, &b.p.TenantID), operatorAcct(models.RoleAuditor, nil)} {
+		for _, acct := range []*OperatorAccount{operatorAcct(RoleAuditor, &b.p.TenantID), operatorAcct(RoleAuditor, nil)} {
 			d, err := b.adm.OperationForOperator(bg, acct, strings.ToUpper(acq.OperationID))
 			require.NoError(t, err)
 			require.Equal(t, acq.OperationID, d.ID)
@@ -184,7 +183,7 @@ func TestOperatorTenantScope(t *testing.T) {
 func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleAuditor, nil)
+		acct := operatorAcct(RoleAuditor, nil)
 		first, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "gen/k", TTLSeconds: 1, AttemptID: ptr("try-1")})
 		require.NoError(t, err)
 		d, err := b.adm.OperationForOperator(bg, acct, first.OperationID)
@@ -203,15 +202,15 @@ func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, d.HoldsKey)
 		require.False(t, d.Held)
-		require.Equal(t, models.StateUncertain, d.State)
+		require.Equal(t, StateUncertain, d.State)
 		require.Equal(t, HolderInfo{OperationID: second.OperationID, FencingToken: 2, AttemptID: ptr("try-2"),
 			AcquiredAt: d.Holder.AcquiredAt, ExpiresAt: second.ExpiresAt}, *d.Holder)
 		require.Len(t, d.Generations, 2)
 		require.Equal(t, first.OperationID, d.Generations[0].ID)
 		require.EqualValues(t, 1, d.Generations[0].FencingToken)
-		require.Equal(t, models.StateUncertain, d.Generations[0].State)
+		require.Equal(t, StateUncertain, d.Generations[0].State)
 		require.Equal(t, second.OperationID, d.Generations[1].ID)
-		require.Equal(t, models.StateInProgress, d.Generations[1].State)
+		require.Equal(t, StateInProgress, d.Generations[1].State)
 		require.False(t, d.Now.IsZero())
 
 		// A released key has no holder.
@@ -227,14 +226,14 @@ func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 func TestOperatorRelease(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleOperator, &b.p.TenantID)
+		acct := operatorAcct(RoleOperator, &b.p.TenantID)
 
 		// in_progress, held: released by compare on the operation, event names the operator.
 		acq := mustAcquire(t, b, "orel/ok", 60)
 		op, err := b.adm.OperatorRelease(bg, acct, acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "worker crashed"})
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, StateReleased, op.State)
 		require.Equal(t, "worker crashed", deref(op.ReleaseReason))
 		require.Nil(t, keyRow(t, b, "orel/ok").HolderOperationID)
 		d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
@@ -251,16 +250,16 @@ func TestOperatorRelease(t *testing.T) {
 
 		// failed and still held: releasable.
 		failed := mustAcquire(t, b, "orel/failed", 60)
-		mustRecord(t, b, failed, OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, failed, OutcomeInput{Status: StateFailed})
 		op, err = b.adm.OperatorRelease(bg, acct, failed.OperationID,
 			OperatorReleaseInput{OperationID: failed.OperationID, FencingToken: 1, Reason: "declined, free the key"})
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
-		require.Equal(t, models.StateFailed, op.Outcome.Status, "the failed outcome is kept")
+		require.Equal(t, StateReleased, op.State)
+		require.Equal(t, StateFailed, op.Outcome.Status, "the failed outcome is kept")
 
 		// succeeded and held: refused.
 		done := mustAcquire(t, b, "orel/done", 60)
-		mustRecord(t, b, done, OutcomeInput{Status: models.StateSucceeded})
+		mustRecord(t, b, done, OutcomeInput{Status: StateSucceeded})
 		before = snapshot(t, b, done.OperationID)
 		_, err = b.adm.OperatorRelease(bg, acct, done.OperationID,
 			OperatorReleaseInput{OperationID: done.OperationID, FencingToken: 1, Reason: "r"})
@@ -269,7 +268,7 @@ func TestOperatorRelease(t *testing.T) {
 
 		// uncertain and still the holder: reconcile first.
 		unc := mustAcquire(t, b, "orel/unc", 60)
-		mustRecord(t, b, unc, OutcomeInput{Status: models.StateUncertain})
+		mustRecord(t, b, unc, OutcomeInput{Status: StateUncertain})
 		before = snapshot(t, b, unc.OperationID)
 		_, err = b.adm.OperatorRelease(bg, acct, unc.OperationID,
 			OperatorReleaseInput{OperationID: unc.OperationID, FencingToken: 1, Reason: "r"})
@@ -293,14 +292,14 @@ func TestOperatorReleaseExpiredHold(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "orel/expired", 1)
 		waitExpiry()
-		d, err := b.adm.OperationForOperator(bg, operatorAcct(models.RoleAuditor, nil), acq.OperationID)
+		d, err := b.adm.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
 		require.NoError(t, err)
 		require.True(t, d.HoldsKey)
 		require.False(t, d.Held)
-		op, err := b.adm.OperatorRelease(bg, operatorAcct(models.RoleOperator, nil), acq.OperationID,
+		op, err := b.adm.OperatorRelease(bg, operatorAcct(RoleOperator, nil), acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "crashed, cleaning up"})
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, StateReleased, op.State)
 		require.Nil(t, keyRow(t, b, "orel/expired").HolderOperationID)
 	})
 }
@@ -311,7 +310,7 @@ func TestOperatorReleaseExpiredHold(t *testing.T) {
 func TestOperatorReleaseStaleRace(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleOperator, nil)
+		acct := operatorAcct(RoleOperator, nil)
 		a := mustAcquire(t, b, "race/k", 1)
 		seen, err := b.adm.OperationForOperator(bg, acct, a.OperationID)
 		require.NoError(t, err)
@@ -354,15 +353,15 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 func TestReconcileOutcomeRepeatIsNoOp(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acct := operatorAcct(models.RoleOperator, &b.p.TenantID)
+		acct := operatorAcct(RoleOperator, &b.p.TenantID)
 		acq := mustAcquire(t, b, "reconcile-twice", 60)
-		in := ReconcileInput{Status: models.StateSucceeded, Receipt: ptr("rcpt-9"), Note: "checked the PSP dashboard"}
+		in := ReconcileInput{Status: StateSucceeded, Receipt: ptr("rcpt-9"), Note: "checked the PSP dashboard"}
 		_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
 		require.NoError(t, err)
 		before := snapshot(t, b, acq.OperationID)
 		op, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
 		require.NoError(t, err)
-		require.Equal(t, models.StateSucceeded, op.State)
+		require.Equal(t, StateSucceeded, op.State)
 		require.Equal(t, before, snapshot(t, b, acq.OperationID), "the repeat changed nothing")
 		in.Receipt = ptr("rcpt-other")
 		_, err = b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)

@@ -36,13 +36,13 @@ func (in *OutcomeInput) validate() (json.RawMessage, error) {
 		}
 	}
 	switch in.Status {
-	case models.StateSucceeded, models.StateFailed, models.StateUncertain:
+	case StateSucceeded, StateFailed, StateUncertain:
 	case "":
 		add("status", "is required: succeeded, failed or uncertain")
 	default:
 		add("status", "must be succeeded, failed or uncertain")
 	}
-	if in.Release && in.Status != models.StateFailed {
+	if in.Release && in.Status != StateFailed {
 		add("release", "may be true only with status failed")
 	}
 	if in.Receipt != nil {
@@ -144,20 +144,20 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		canonicalJSON(rawJSON(op.OutcomeResponse)) == canonicalJSON(resp)
 	target := status
 	if release {
-		target = models.StateReleased
+		target = StateReleased
 	}
 	switch op.State {
-	case models.StateInProgress:
-	case models.StateUncertain:
+	case StateInProgress:
+	case StateUncertain:
 		// Reconciliation: uncertain -> succeeded | failed. Reporting "uncertain" for an operation
 		// the reaper already marked records the caller's details once.
-		if status == models.StateUncertain && (op.OutcomeStatus != nil) {
+		if status == StateUncertain && (op.OutcomeStatus != nil) {
 			if same {
 				return false, nil
 			}
 			return false, ErrInvalidTransition
 		}
-	case models.StateFailed:
+	case StateFailed:
 		if !same {
 			return false, ErrInvalidTransition
 		}
@@ -174,10 +174,10 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		"state": target, "outcome_status": status, "outcome_receipt": receipt,
 		"outcome_response": jsonArg(resp), "outcome_note": note, "outcome_by": actor, "outcome_at": now,
 	}
-	if op.State == models.StateFailed { // failed -> released keeps the recorded outcome
+	if op.State == StateFailed { // failed -> released keeps the recorded outcome
 		updates = map[string]any{}
 	}
-	if target != models.StateUncertain {
+	if target != StateUncertain {
 		updates["state"] = target
 		updates["state_reason"] = nil
 		updates["ended_at"] = now
@@ -185,7 +185,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 	if err := tx.Model(&models.Operation{}).Where("id = ?", op.ID).Updates(updates).Error; err != nil {
 		return false, err
 	}
-	if op.State != models.StateFailed {
+	if op.State != StateFailed {
 		detail := fmt.Sprintf("%s -> %s: outcome %s", op.State, status, status)
 		if receipt != nil && *receipt != "" {
 			detail += ", receipt " + *receipt
@@ -200,7 +200,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		if note != nil && *note != "" {
 			reason = *note
 		}
-		op.State = models.StateFailed
+		op.State = StateFailed
 		return true, releaseHold(tx, op, now, &reason, actor)
 	}
 	return true, nil

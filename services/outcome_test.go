@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,10 +19,10 @@ func TestOutcomeRecordsAndStoresResponse(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "charge-1", 60)
-		op := mustRecord(t, b, acq, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("ch_123"),
+		op := mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded, Receipt: ptr("ch_123"),
 			Response: json.RawMessage(`{ "charge": "ch_123", "amount": 100 }`), Note: ptr("ok")})
-		require.Equal(t, models.StateSucceeded, op.State)
-		require.Equal(t, &Outcome{Status: models.StateSucceeded, Receipt: ptr("ch_123"), Response: op.Outcome.Response,
+		require.Equal(t, StateSucceeded, op.State)
+		require.Equal(t, &Outcome{Status: StateSucceeded, Receipt: ptr("ch_123"), Response: op.Outcome.Response,
 			Note: ptr("ok"), RecordedBy: "api:" + b.p.Prefix, RecordedAt: op.Outcome.RecordedAt}, op.Outcome)
 		require.JSONEq(t, `{"charge":"ch_123","amount":100}`, string(op.Outcome.Response))
 		require.True(t, op.Held)
@@ -32,7 +31,7 @@ func TestOutcomeRecordsAndStoresResponse(t *testing.T) {
 		dup, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "charge-1", TTLSeconds: 60})
 		require.NoError(t, err)
 		require.False(t, dup.Admitted)
-		require.Equal(t, models.StateSucceeded, dup.Operation.State)
+		require.Equal(t, StateSucceeded, dup.Operation.State)
 		require.Equal(t, "ch_123", deref(dup.Operation.Outcome.Receipt))
 		require.JSONEq(t, `{"charge":"ch_123","amount":100}`, string(dup.Operation.Outcome.Response))
 
@@ -46,7 +45,7 @@ func TestOutcomeRecordsAndStoresResponse(t *testing.T) {
 		// Any JSON value is a valid response, exactly 64 KiB included.
 		for i, resp := range []string{`"text"`, `[1,2,3]`, `42`, `null`, `true`, string(bigResponse(MaxResponseBytes))} {
 			a := mustAcquire(t, b, "resp-"+string(rune('a'+i)), 60)
-			op := mustRecord(t, b, a, OutcomeInput{Status: models.StateFailed, Response: json.RawMessage(resp)})
+			op := mustRecord(t, b, a, OutcomeInput{Status: StateFailed, Response: json.RawMessage(resp)})
 			require.JSONEq(t, resp, string(op.Outcome.Response))
 		}
 	})
@@ -60,25 +59,25 @@ func TestOutcomeAfterHoldExpired(t *testing.T) {
 		fail := mustAcquire(t, b, "expired-fail-release", 1)
 		waitExpiry()
 
-		op := mustRecord(t, b, succ, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("late-rcpt")})
-		require.Equal(t, models.StateSucceeded, op.State)
+		op := mustRecord(t, b, succ, OutcomeInput{Status: StateSucceeded, Receipt: ptr("late-rcpt")})
+		require.Equal(t, StateSucceeded, op.State)
 		require.False(t, op.Held)
 		require.Equal(t, "late-rcpt", deref(op.Outcome.Receipt))
-		require.Equal(t, models.StateSucceeded, opRow(t, b, succ.OperationID).State)
+		require.Equal(t, StateSucceeded, opRow(t, b, succ.OperationID).State)
 
 		// failed+release after expiry: released; the (expired) hold is gone, so the next acquire
 		// starts clean, with no previous_operation.
-		op = mustRecord(t, b, fail, OutcomeInput{Status: models.StateFailed, Release: true})
-		require.Equal(t, models.StateReleased, op.State)
-		require.Equal(t, models.StateFailed, op.Outcome.Status)
+		op = mustRecord(t, b, fail, OutcomeInput{Status: StateFailed, Release: true})
+		require.Equal(t, StateReleased, op.State)
+		require.Equal(t, StateFailed, op.Outcome.Status)
 		next := mustAcquire(t, b, "expired-fail-release", 60)
 		require.EqualValues(t, 2, next.FencingToken)
 		require.Nil(t, next.PreviousOperation)
 
 		next = mustAcquire(t, b, "expired-succ", 60)
 		require.EqualValues(t, 2, next.FencingToken)
-		require.Equal(t, models.StateSucceeded, next.PreviousOperation.State)
-		require.Equal(t, models.StateSucceeded, opRow(t, b, succ.OperationID).State, "a succeeded operation never becomes uncertain")
+		require.Equal(t, StateSucceeded, next.PreviousOperation.State)
+		require.Equal(t, StateSucceeded, opRow(t, b, succ.OperationID).State, "a succeeded operation never becomes uncertain")
 	})
 }
 
@@ -90,14 +89,14 @@ func TestOutcomeOwnerCheckedFirst(t *testing.T) {
 		other := mustAcquire(t, b, "owner-other", 60)
 		before := snapshot(t, b, acq.OperationID)
 		for name, in := range map[string]OutcomeInput{
-			"valid":                {OwnerToken: other.OwnerToken, Status: models.StateSucceeded},
-			"empty token":          {OwnerToken: "", Status: models.StateSucceeded},
+			"valid":                {OwnerToken: other.OwnerToken, Status: StateSucceeded},
+			"empty token":          {OwnerToken: "", Status: StateSucceeded},
 			"bad status":           {OwnerToken: "ot_nope", Status: "done"},
 			"no status":            {OwnerToken: "ot_nope"},
-			"release w/ succeeded": {OwnerToken: "ot_nope", Status: models.StateSucceeded, Release: true},
-			"response too large":   {OwnerToken: "ot_nope", Status: models.StateSucceeded, Response: bigResponse(MaxResponseBytes + 1)},
-			"invalid response":     {OwnerToken: "ot_nope", Status: models.StateSucceeded, Response: json.RawMessage(`{`)},
-			"note too long":        {OwnerToken: "ot_nope", Status: models.StateFailed, Note: ptr(strings.Repeat("n", MaxNoteChars+1))},
+			"release w/ succeeded": {OwnerToken: "ot_nope", Status: StateSucceeded, Release: true},
+			"response too large":   {OwnerToken: "ot_nope", Status: StateSucceeded, Response: bigResponse(MaxResponseBytes + 1)},
+			"invalid response":     {OwnerToken: "ot_nope", Status: StateSucceeded, Response: json.RawMessage(`{`)},
+			"note too long":        {OwnerToken: "ot_nope", Status: StateFailed, Note: ptr(strings.Repeat("n", MaxNoteChars+1))},
 		} {
 			_, err := b.adm.RecordOutcome(bg, b.p, acq.OperationID, in)
 			require.ErrorIs(t, err, ErrNotOwner, name)
@@ -118,17 +117,17 @@ func TestOutcomeValidation(t *testing.T) {
 		}{
 			{"no status", OutcomeInput{}, "status"},
 			{"bad status", OutcomeInput{Status: "done"}, "status"},
-			{"released is not an outcome", OutcomeInput{Status: models.StateReleased}, "status"},
-			{"in_progress is not an outcome", OutcomeInput{Status: models.StateInProgress}, "status"},
-			{"release with succeeded", OutcomeInput{Status: models.StateSucceeded, Release: true}, "release"},
-			{"release with uncertain", OutcomeInput{Status: models.StateUncertain, Release: true}, "release"},
-			{"receipt too long", OutcomeInput{Status: models.StateSucceeded, Receipt: ptr(strings.Repeat("r", MaxReceiptChars+1))}, "receipt"},
-			{"receipt with NUL", OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("a\x00b")}, "receipt"},
-			{"note too long", OutcomeInput{Status: models.StateFailed, Note: ptr(strings.Repeat("é", MaxNoteChars+1))}, "note"},
-			{"note invalid UTF-8", OutcomeInput{Status: models.StateFailed, Note: ptr("\xff")}, "note"},
-			{"response not JSON", OutcomeInput{Status: models.StateSucceeded, Response: json.RawMessage(`{"a":`)}, "response"},
-			{"response two values", OutcomeInput{Status: models.StateSucceeded, Response: json.RawMessage(`1 2`)}, "response"},
-			{"response invalid UTF-8", OutcomeInput{Status: models.StateSucceeded, Response: json.RawMessage("{\"a\":\"\xff\"}")}, "response"},
+			{"released is not an outcome", OutcomeInput{Status: StateReleased}, "status"},
+			{"in_progress is not an outcome", OutcomeInput{Status: StateInProgress}, "status"},
+			{"release with succeeded", OutcomeInput{Status: StateSucceeded, Release: true}, "release"},
+			{"release with uncertain", OutcomeInput{Status: StateUncertain, Release: true}, "release"},
+			{"receipt too long", OutcomeInput{Status: StateSucceeded, Receipt: ptr(strings.Repeat("r", MaxReceiptChars+1))}, "receipt"},
+			{"receipt with NUL", OutcomeInput{Status: StateSucceeded, Receipt: ptr("a\x00b")}, "receipt"},
+			{"note too long", OutcomeInput{Status: StateFailed, Note: ptr(strings.Repeat("é", MaxNoteChars+1))}, "note"},
+			{"note invalid UTF-8", OutcomeInput{Status: StateFailed, Note: ptr("\xff")}, "note"},
+			{"response not JSON", OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(`{"a":`)}, "response"},
+			{"response two values", OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(`1 2`)}, "response"},
+			{"response invalid UTF-8", OutcomeInput{Status: StateSucceeded, Response: json.RawMessage("{\"a\":\"\xff\"}")}, "response"},
 		} {
 			in := tc.in
 			in.OwnerToken = acq.OwnerToken
@@ -142,9 +141,9 @@ func TestOutcomeValidation(t *testing.T) {
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
 
 		// Limits are inclusive: exactly 512 and 1000 characters are fine.
-		op := mustRecord(t, b, acq, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr(strings.Repeat("é", MaxReceiptChars)),
+		op := mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded, Receipt: ptr(strings.Repeat("é", MaxReceiptChars)),
 			Note: ptr(strings.Repeat("n", MaxNoteChars))})
-		require.Equal(t, models.StateSucceeded, op.State)
+		require.Equal(t, StateSucceeded, op.State)
 	})
 }
 
@@ -159,21 +158,21 @@ func TestOutcomeResponseTooLarge(t *testing.T) {
 			bigResponse(MaxResponseBytes + 1),
 			json.RawMessage(`{"a":` + string(bigResponse(MaxResponseBytes)) + `}`),
 		} {
-			_, err := record(b, acq, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("r"), Response: resp})
+			_, err := record(b, acq, OutcomeInput{Status: StateSucceeded, Receipt: ptr("r"), Response: resp})
 			require.ErrorIs(t, err, ErrPayloadTooLarge)
-			_, err = record(b, acq, OutcomeInput{Status: models.StateFailed, Response: resp, Release: true})
+			_, err = record(b, acq, OutcomeInput{Status: StateFailed, Response: resp, Release: true})
 			require.ErrorIs(t, err, ErrPayloadTooLarge)
 		}
 		after := snapshot(t, b, acq.OperationID)
 		require.Equal(t, before, after)
-		require.Equal(t, models.StateInProgress, after.Op.State)
+		require.Equal(t, StateInProgress, after.Op.State)
 		require.Nil(t, after.Op.OutcomeStatus)
 		require.Nil(t, after.Op.OutcomeResponse)
 		require.Equal(t, acq.OperationID, deref(after.Key.HolderOperationID))
 
 		// The limit is on the compacted form: whitespace does not count.
 		padded := json.RawMessage(`  ` + string(bigResponse(MaxResponseBytes)) + "\n\n")
-		op := mustRecord(t, b, acq, OutcomeInput{Status: models.StateSucceeded, Response: padded})
+		op := mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded, Response: padded})
 		require.Len(t, op.Outcome.Response, MaxResponseBytes)
 	})
 }
@@ -184,7 +183,7 @@ func TestOutcomeNotFound(t *testing.T) {
 		acq := mustAcquire(t, b, "nf", 60)
 		q := otherTenant(t, b)
 		before := snapshot(t, b, acq.OperationID)
-		in := OutcomeInput{OwnerToken: acq.OwnerToken, Status: models.StateSucceeded}
+		in := OutcomeInput{OwnerToken: acq.OwnerToken, Status: StateSucceeded}
 		for name, id := range map[string]string{
 			"unknown":     uuid.NewString(),
 			"malformed":   "not-a-uuid",
@@ -213,12 +212,12 @@ func TestOutcomeResponseStoredExactly(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		for name, resp := range jsonbHostileJSON {
 			acq := mustAcquire(t, b, "exact-"+name, 60)
-			op := mustRecord(t, b, acq, OutcomeInput{Status: models.StateSucceeded, Response: json.RawMessage(resp)})
+			op := mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(resp)})
 			require.Equal(t, resp, string(op.Outcome.Response), name)
 			d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
 			require.NoError(t, err)
 			require.Equal(t, resp, string(d.Outcome.Response), name)
-			_, err = record(b, acq, OutcomeInput{Status: models.StateSucceeded, Response: json.RawMessage(resp)})
+			_, err = record(b, acq, OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(resp)})
 			require.NoError(t, err, "%s: the same outcome again", name)
 			meta, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "meta-" + name, TTLSeconds: 60, Metadata: json.RawMessage(`{"m":` + resp + `}`)})
 			require.NoError(t, err, name)
@@ -227,7 +226,7 @@ func TestOutcomeResponseStoredExactly(t *testing.T) {
 		acq := mustAcquire(t, b, "invalid-utf8", 60)
 		before := snapshot(t, b, acq.OperationID)
 		for _, resp := range []string{"{\"a\":\"\xff\xfe\"}", "[\"\xc0\xaf\"]"} {
-			_, err := record(b, acq, OutcomeInput{Status: models.StateSucceeded, Response: json.RawMessage(resp)})
+			_, err := record(b, acq, OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(resp)})
 			require.ErrorIs(t, err, ErrInvalidRequest)
 		}
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
@@ -256,10 +255,10 @@ func TestOperationIDSpellings(t *testing.T) {
 			require.Equal(t, acq.OperationID, d.ID)
 		}
 		op, err := b.adm.RecordOutcome(bg, b.p, strings.ToUpper(acq.OperationID),
-			OutcomeInput{OwnerToken: acq.OwnerToken, Status: models.StateSucceeded})
+			OutcomeInput{OwnerToken: acq.OwnerToken, Status: StateSucceeded})
 		require.NoError(t, err)
 		require.Equal(t, acq.OperationID, op.ID)
-		require.Equal(t, models.StateSucceeded, opRow(t, b, acq.OperationID).State)
+		require.Equal(t, StateSucceeded, opRow(t, b, acq.OperationID).State)
 	})
 }
 
@@ -271,16 +270,16 @@ func TestOutcomeReleaseAfterTakeoverReleasesNothing(t *testing.T) {
 		old := mustAcquire(t, b, "takeover-release", 1)
 		time.Sleep(1100 * time.Millisecond)
 		cur := mustAcquire(t, b, "takeover-release", 60)
-		op := mustRecord(t, b, old, OutcomeInput{Status: models.StateFailed, Release: true})
-		require.Equal(t, models.StateFailed, op.State)
+		op := mustRecord(t, b, old, OutcomeInput{Status: StateFailed, Release: true})
+		require.Equal(t, StateFailed, op.State)
 		require.Nil(t, op.ReleasedAt)
-		require.Equal(t, models.StateFailed, op.Outcome.Status)
+		require.Equal(t, StateFailed, op.Outcome.Status)
 		k, err := b.adm.GetKey(bg, b.p.TenantID, "takeover-release")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, cur.OperationID, k.Operation.ID)
 		// Repeating it changes nothing.
-		again := mustRecord(t, b, old, OutcomeInput{Status: models.StateFailed, Release: true})
-		require.Equal(t, models.StateFailed, again.State)
+		again := mustRecord(t, b, old, OutcomeInput{Status: StateFailed, Release: true})
+		require.Equal(t, StateFailed, again.State)
 	})
 }

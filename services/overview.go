@@ -11,7 +11,7 @@ import (
 // OverviewStates lists the operation states in lifecycle order, the order the Overview shows
 // them in (SPEC.md §3).
 var OverviewStates = []string{
-	models.StateInProgress, models.StateUncertain, models.StateSucceeded, models.StateFailed, models.StateReleased,
+	StateInProgress, StateUncertain, StateSucceeded, StateFailed, StateReleased,
 }
 
 // overviewHours is the width of the Overview's activity window, in one-hour buckets.
@@ -74,7 +74,7 @@ func (a *Admission) Overview(ctx context.Context, tenantID *int64) (*Overview, e
 	for _, s := range OverviewStates {
 		ov.Counts = append(ov.Counts, StateCount{State: s, Count: byState[s]})
 	}
-	ov.NeedsReconciliation = byState[models.StateUncertain]
+	ov.NeedsReconciliation = byState[StateUncertain]
 
 	first := now.Truncate(time.Hour).Add(-(overviewHours - 1) * time.Hour)
 	ov.Hours = make([]HourBucket, overviewHours)
@@ -115,11 +115,11 @@ func (a *Admission) Overview(ctx context.Context, tenantID *int64) (*Overview, e
 			continue
 		}
 		switch r.Result {
-		case models.ResultAdmitted:
+		case ResultAdmitted:
 			ov.Hours[i].Admitted += r.N
-		case models.ResultDuplicate:
+		case ResultDuplicate:
 			ov.Hours[i].Duplicates += r.N
-		case models.ResultConflict:
+		case ResultConflict:
 			ov.Hours[i].Conflicts += r.N
 		}
 	}
@@ -142,7 +142,7 @@ func (a *Admission) NeedsReconciliationByTenant(ctx context.Context) ([]TenantCo
 	err := a.db.WithContext(ctx).Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count
   FROM tenants t
   LEFT JOIN (SELECT tenant_id, COUNT(*) AS n FROM operations WHERE state = ? GROUP BY tenant_id) u ON u.tenant_id = t.id
- ORDER BY t.name`, models.StateUncertain).Scan(&out).Error
+ ORDER BY t.name`, StateUncertain).Scan(&out).Error
 	if err != nil {
 		return nil, storeError("count operations needing reconciliation", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -19,8 +18,8 @@ func TestOverviewCountsAndHours(t *testing.T) {
 		require.False(t, dup.Admitted)
 		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "prog", TTLSeconds: 60, Fingerprint: ptr("other")})
 		require.ErrorIs(t, err, ErrFingerprintMismatch)
-		mustRecord(t, b, mustAcquire(t, b, "ok", 60), OutcomeInput{Status: models.StateSucceeded})
-		mustRecord(t, b, mustAcquire(t, b, "bad", 60), OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, mustAcquire(t, b, "ok", 60), OutcomeInput{Status: StateSucceeded})
+		mustRecord(t, b, mustAcquire(t, b, "bad", 60), OutcomeInput{Status: StateFailed})
 		_, err = release(b, mustAcquire(t, b, "rel", 60))
 		require.NoError(t, err)
 		mustAcquire(t, b, "late", 1)
@@ -36,8 +35,8 @@ func TestOverviewCountsAndHours(t *testing.T) {
 		ov, err := b.adm.Overview(bg, &b.p.TenantID)
 		require.NoError(t, err)
 		require.Equal(t, []StateCount{
-			{models.StateInProgress, 2}, {models.StateUncertain, 1}, {models.StateSucceeded, 1},
-			{models.StateFailed, 1}, {models.StateReleased, 1},
+			{StateInProgress, 2}, {StateUncertain, 1}, {StateSucceeded, 1},
+			{StateFailed, 1}, {StateReleased, 1},
 		}, ov.Counts)
 		require.EqualValues(t, 1, ov.NeedsReconciliation)
 		require.WithinDuration(t, time.Now(), ov.Now, 5*time.Second)

@@ -56,7 +56,7 @@ func (a *Admission) ListOperations(ctx context.Context, tenantID int64, f Operat
 // to uncertain. Errors: as ListOperations.
 func (a *Admission) ReconciliationQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
 	if f.State == "" {
-		f.State = models.StateUncertain
+		f.State = StateUncertain
 	}
 	return a.listQueue(ctx, tenantID, f)
 }
@@ -70,7 +70,7 @@ func (a *Admission) listQueue(ctx context.Context, tenantID *int64, f OperationF
 		fe = append(fe, FieldError{Field: "limit", Message: fmt.Sprintf("must be an integer from 1 to %d", MaxListLimit)})
 	}
 	switch f.State {
-	case models.StateUncertain:
+	case StateUncertain:
 	case "":
 		fe = append(fe, FieldError{Field: "state", Message: "is required: uncertain"})
 	default:
@@ -90,7 +90,7 @@ func (a *Admission) listQueue(ctx context.Context, tenantID *int64, f OperationF
 	}
 	// The partial indexes operations_uncertain_queue(_all) hold exactly these rows in this
 	// order, so a page is one index range however long the queue is.
-	q := tx.Where("state = ?", models.StateUncertain)
+	q := tx.Where("state = ?", StateUncertain)
 	if tenantID != nil {
 		q = q.Where("tenant_id = ?", *tenantID)
 	}

@@ -42,7 +42,7 @@ func TestReconciliationQueue(t *testing.T) {
 		walk := func() []string {
 			t.Helper()
 			var ids []string
-			f := OperationFilter{State: models.StateUncertain, Limit: 1}
+			f := OperationFilter{State: StateUncertain, Limit: 1}
 			for {
 				page, err := b.adm.ListOperations(bg, b.p.TenantID, f)
 				require.NoError(t, err)
@@ -62,11 +62,11 @@ func TestReconciliationQueue(t *testing.T) {
 		_, err := b.reaper.RunOnce(bg)
 		require.NoError(t, err)
 		unsure := mustAcquire(t, b, "unsure", 60)
-		mustRecord(t, b, unsure, OutcomeInput{Status: models.StateUncertain})
+		mustRecord(t, b, unsure, OutcomeInput{Status: StateUncertain})
 		// Reporting uncertain again changes nothing, uncertain_at included.
 		before := uncertainAt(t, b, unsure.OperationID)
 		require.NotNil(t, before)
-		mustRecord(t, b, unsure, OutcomeInput{Status: models.StateUncertain})
+		mustRecord(t, b, unsure, OutcomeInput{Status: StateUncertain})
 		require.True(t, before.Equal(*uncertainAt(t, b, unsure.OperationID)))
 
 		want := []string{taken.OperationID, reaped.OperationID, unsure.OperationID}
@@ -88,11 +88,11 @@ func TestReconciliationQueue(t *testing.T) {
 		require.Equal(t, map[string]bool{taken.OperationID: true, reaped.OperationID: false, unsure.OperationID: false}, superseded)
 
 		// Another tenant sees none of them.
-		other, err := b.adm.ListOperations(bg, otherTenant(t, b).TenantID, OperationFilter{State: models.StateUncertain})
+		other, err := b.adm.ListOperations(bg, otherTenant(t, b).TenantID, OperationFilter{State: StateUncertain})
 		require.NoError(t, err)
 		require.Empty(t, other.Items)
 
-		mustRecord(t, b, taken, OutcomeInput{Status: models.StateSucceeded})
+		mustRecord(t, b, taken, OutcomeInput{Status: StateSucceeded})
 		require.Equal(t, want[1:], walk())
 		count(2)
 		require.NotNil(t, uncertainAt(t, b, taken.OperationID), "kept as evidence after reconciliation")
@@ -108,11 +108,11 @@ func TestListOperationsRejectsBadInput(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		for name, f := range map[string]OperationFilter{
 			"no state":        {},
-			"other state":     {State: models.StateFailed},
-			"limit too large": {State: models.StateUncertain, Limit: MaxListLimit + 1},
-			"negative limit":  {State: models.StateUncertain, Limit: -1},
-			"bad cursor":      {State: models.StateUncertain, Cursor: "!!"},
-			"keys cursor":     {State: models.StateUncertain, Cursor: encodeCursor(time.Now(), 7)},
+			"other state":     {State: StateFailed},
+			"limit too large": {State: StateUncertain, Limit: MaxListLimit + 1},
+			"negative limit":  {State: StateUncertain, Limit: -1},
+			"bad cursor":      {State: StateUncertain, Cursor: "!!"},
+			"keys cursor":     {State: StateUncertain, Cursor: encodeCursor(time.Now(), 7)},
 		} {
 			_, err := b.adm.ListOperations(bg, b.p.TenantID, f)
 			require.ErrorIs(t, err, ErrInvalidRequest, name)

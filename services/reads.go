@@ -234,7 +234,7 @@ func (a *Admission) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) 
 
 func validState(s string) bool {
 	switch s {
-	case models.StateInProgress, models.StateSucceeded, models.StateFailed, models.StateUncertain, models.StateReleased:
+	case StateInProgress, StateSucceeded, StateFailed, StateUncertain, StateReleased:
 		return true
 	}
 	return false
@@ -299,7 +299,7 @@ func (a *Admission) ListAttempts(ctx context.Context, tenantID int64, f AttemptF
 		fe = append(fe, FieldError{Field: "limit", Message: fmt.Sprintf("must be an integer from 1 to %d", MaxListLimit)})
 	}
 	switch f.Result {
-	case "", models.ResultAdmitted, models.ResultDuplicate, models.ResultConflict:
+	case "", ResultAdmitted, ResultDuplicate, ResultConflict:
 	default:
 		fe = append(fe, FieldError{Field: "result", Message: "must be admitted, duplicate or conflict"})
 	}

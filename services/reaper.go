@@ -107,8 +107,8 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 					return u.Error
 				}
 				expired = 1
-				m := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", *k.HolderOperationID, models.StateInProgress).
-					Updates(map[string]any{"state": models.StateUncertain, "state_reason": ReasonTTLExpired})
+				m := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", *k.HolderOperationID, StateInProgress).
+					Updates(map[string]any{"state": StateUncertain, "state_reason": ReasonTTLExpired})
 				if m.Error != nil || m.RowsAffected == 0 {
 					return m.Error
 				}

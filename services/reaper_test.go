@@ -39,11 +39,11 @@ func TestReaperExpiresHolds(t *testing.T) {
 		drain(t, b)
 		inProgress := mustAcquire(t, b, "reap-in-progress", 1)
 		succeeded := mustAcquire(t, b, "reap-succeeded", 1)
-		mustRecord(t, b, succeeded, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("r")})
+		mustRecord(t, b, succeeded, OutcomeInput{Status: StateSucceeded, Receipt: ptr("r")})
 		failed := mustAcquire(t, b, "reap-failed", 1)
-		mustRecord(t, b, failed, OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, failed, OutcomeInput{Status: StateFailed})
 		uncertain := mustAcquire(t, b, "reap-uncertain", 1)
-		mustRecord(t, b, uncertain, OutcomeInput{Status: models.StateUncertain, Receipt: ptr("u")})
+		mustRecord(t, b, uncertain, OutcomeInput{Status: StateUncertain, Receipt: ptr("u")})
 		live := mustAcquire(t, b, "reap-live", 60)
 		released := mustAcquire(t, b, "reap-released", 1)
 		_, err := release(b, released)
@@ -63,7 +63,7 @@ func TestReaperExpiresHolds(t *testing.T) {
 		// The in_progress operation became uncertain with the reason and one system event.
 		d, err := b.adm.GetOperation(bg, b.p.TenantID, inProgress.OperationID)
 		require.NoError(t, err)
-		require.Equal(t, models.StateUncertain, d.State)
+		require.Equal(t, StateUncertain, d.State)
 		require.Equal(t, ReasonTTLExpired, deref(d.StateReason))
 		require.Nil(t, d.Outcome)
 		require.False(t, d.Held)
@@ -83,7 +83,7 @@ func TestReaperExpiresHolds(t *testing.T) {
 			require.Equal(t, before[a.OperationID].Op, after.Op, a.Key)
 			require.Equal(t, before[a.OperationID].Events, after.Events, a.Key)
 		}
-		require.Equal(t, models.StateSucceeded, opRow(t, b, succeeded.OperationID).State)
+		require.Equal(t, StateSucceeded, opRow(t, b, succeeded.OperationID).State)
 		// The live hold and the released key are untouched.
 		require.Equal(t, before[live.OperationID], snapshot(t, b, live.OperationID))
 		require.Equal(t, before[released.OperationID], snapshot(t, b, released.OperationID))
@@ -98,13 +98,13 @@ func TestReaperExpiresHolds(t *testing.T) {
 		require.Zero(t, res.MarkedUncertain)
 
 		// The reaped uncertain operation can be reconciled, and the key admits again.
-		op := mustRecord(t, b, inProgress, OutcomeInput{Status: models.StateFailed, Receipt: ptr("checked")})
-		require.Equal(t, models.StateFailed, op.State)
+		op := mustRecord(t, b, inProgress, OutcomeInput{Status: StateFailed, Receipt: ptr("checked")})
+		require.Equal(t, StateFailed, op.State)
 		next := mustAcquire(t, b, "reap-in-progress", 60)
 		require.EqualValues(t, 2, next.FencingToken)
 		next = mustAcquire(t, b, "reap-uncertain", 60)
 		require.EqualValues(t, 2, next.FencingToken)
-		require.Equal(t, models.StateUncertain, next.PreviousOperation.State)
+		require.Equal(t, StateUncertain, next.PreviousOperation.State)
 	})
 }
 
@@ -125,7 +125,7 @@ func TestReaperCompareOnOwner(t *testing.T) {
 			calls++
 			if fresh == nil {
 				fresh = mustAcquire(t, b, "reap-race", 60)
-				mustRecord(t, b, recorded, OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("just in time")})
+				mustRecord(t, b, recorded, OutcomeInput{Status: StateSucceeded, Receipt: ptr("just in time")})
 			}
 		}
 		res, err := r.RunOnce(bg)
@@ -140,24 +140,24 @@ func TestReaperCompareOnOwner(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, fresh.OperationID, k.Operation.ID)
-		require.Equal(t, models.StateInProgress, k.Operation.State)
+		require.Equal(t, StateInProgress, k.Operation.State)
 		require.Equal(t, fresh.OperationID, deref(keyRow(t, b, "reap-race").HolderOperationID))
 
 		// The takeover marked the old operation uncertain exactly once; the reaper added nothing.
 		d, err := b.adm.GetOperation(bg, b.p.TenantID, old.OperationID)
 		require.NoError(t, err)
-		require.Equal(t, models.StateUncertain, d.State)
+		require.Equal(t, StateUncertain, d.State)
 		require.Len(t, d.Events, 1)
 
 		m := opRow(t, b, recorded.OperationID)
-		require.Equal(t, models.StateSucceeded, m.State)
+		require.Equal(t, StateSucceeded, m.State)
 		require.Nil(t, m.StateReason)
 		require.Nil(t, keyRow(t, b, "reap-outcome-race").HolderOperationID)
 
 		// And the new holder can still release it.
 		op, err := release(b, fresh)
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, StateReleased, op.State)
 	})
 }
 
@@ -173,15 +173,15 @@ func TestReaperRetention(t *testing.T) {
 		_, err = release(b, rel)
 		require.NoError(t, err)
 		failRel := mustAcquire(t, b, "ret-failed-released", 60)
-		mustRecord(t, b, failRel, OutcomeInput{Status: models.StateFailed, Release: true})
+		mustRecord(t, b, failRel, OutcomeInput{Status: StateFailed, Release: true})
 		// Ended and old but still holding its key: kept until the hold is gone.
 		heldFailed := mustAcquire(t, b, "ret-held-failed", 60)
-		mustRecord(t, b, heldFailed, OutcomeInput{Status: models.StateFailed})
+		mustRecord(t, b, heldFailed, OutcomeInput{Status: StateFailed})
 		heldSucc := mustAcquire(t, b, "ret-held-succeeded", 60)
-		mustRecord(t, b, heldSucc, OutcomeInput{Status: models.StateSucceeded})
+		mustRecord(t, b, heldSucc, OutcomeInput{Status: StateSucceeded})
 		// Never ended: uncertain (recorded) and in_progress; acquired long ago makes no difference.
 		unc := mustAcquire(t, b, "ret-uncertain", 60)
-		mustRecord(t, b, unc, OutcomeInput{Status: models.StateUncertain})
+		mustRecord(t, b, unc, OutcomeInput{Status: StateUncertain})
 		inProg := mustAcquire(t, b, "ret-in-progress", 60)
 		// Ended recently: kept.
 		recent := mustAcquire(t, b, "ret-recent", 60)

@@ -92,11 +92,11 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 // when no effect is confirmed or in doubt.
 func releasable(state string) error {
 	switch state {
-	case models.StateInProgress, models.StateFailed:
+	case StateInProgress, StateFailed:
 		return nil
-	case models.StateSucceeded:
+	case StateSucceeded:
 		return ErrEffectConfirmed
-	case models.StateUncertain:
+	case StateUncertain:
 		return ErrOutcomeUncertain
 	}
 	return ErrInvalidTransition
@@ -111,7 +111,7 @@ func releaseHold(tx *gorm.DB, h *models.Operation, now time.Time, reason *string
 		return err
 	}
 	if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(map[string]any{
-		"state": models.StateReleased, "released_at": now, "release_reason": reason, "ended_at": now,
+		"state": StateReleased, "released_at": now, "release_reason": reason, "ended_at": now,
 	}).Error; err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,7 +17,7 @@ func TestReleaseByOwner(t *testing.T) {
 		op, err := b.adm.Release(bg, b.p, ReleaseInput{Key: "rel/ok", OwnerToken: acq.OwnerToken, Reason: ptr("job cancelled")})
 		require.NoError(t, err)
 		require.Equal(t, acq.OperationID, op.ID)
-		require.Equal(t, models.StateReleased, op.State)
+		require.Equal(t, StateReleased, op.State)
 		require.False(t, op.Held)
 		require.NotNil(t, op.ReleasedAt)
 		require.Equal(t, "job cancelled", deref(op.ReleaseReason))
@@ -31,7 +30,7 @@ func TestReleaseByOwner(t *testing.T) {
 		require.False(t, k.Held)
 		require.Nil(t, k.ExpiresAt)
 		require.Equal(t, acq.OperationID, k.Operation.ID)
-		require.Equal(t, models.StateReleased, k.Operation.State)
+		require.Equal(t, StateReleased, k.Operation.State)
 		row := keyRow(t, b, "rel/ok")
 		require.Nil(t, row.HolderOperationID)
 		require.Nil(t, row.ExpiresAt)
@@ -97,7 +96,7 @@ func TestReleaseRefusalsChangeNothing(t *testing.T) {
 			require.ErrorIs(t, err, ErrInvalidRequest)
 		}
 		require.Equal(t, c, countRows(t, b))
-		require.Equal(t, models.StateInProgress, opRow(t, b, acq.OperationID).State)
+		require.Equal(t, StateInProgress, opRow(t, b, acq.OperationID).State)
 	})
 }
 
@@ -116,7 +115,7 @@ func TestLateRelease(t *testing.T) {
 		_, err := release(b, expired)
 		require.ErrorIs(t, err, ErrKeyNotHeld)
 		require.Equal(t, before, snapshot(t, b, expired.OperationID))
-		require.Equal(t, models.StateInProgress, before.Op.State)
+		require.Equal(t, StateInProgress, before.Op.State)
 		k, err := b.adm.GetKey(bg, b.p.TenantID, "late-expired")
 		require.NoError(t, err)
 		require.False(t, k.Held)
@@ -135,14 +134,14 @@ func TestLateRelease(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, bAcq.OperationID, k.Operation.ID)
-		require.Equal(t, models.StateInProgress, k.Operation.State)
-		require.Equal(t, models.StateUncertain, beforeA.Op.State)
+		require.Equal(t, StateInProgress, k.Operation.State)
+		require.Equal(t, StateUncertain, beforeA.Op.State)
 
 		// B can still release its own hold.
 		op, err := release(b, bAcq)
 		require.NoError(t, err)
-		require.Equal(t, models.StateReleased, op.State)
-		require.Equal(t, models.StateUncertain, opRow(t, b, a.OperationID).State)
+		require.Equal(t, StateReleased, op.State)
+		require.Equal(t, StateUncertain, opRow(t, b, a.OperationID).State)
 	})
 }
 
@@ -197,16 +196,16 @@ func TestTenantIsolation(t *testing.T) {
 		require.ErrorIs(t, err, ErrKeyNotHeld)
 		_, err = b.adm.Release(bg, q, ReleaseInput{Key: "shared-key", OwnerToken: mine.OwnerToken})
 		require.ErrorIs(t, err, ErrNotOwner)
-		_, err = b.adm.RecordOutcome(bg, q, mine.OperationID, OutcomeInput{OwnerToken: mine.OwnerToken, Status: models.StateSucceeded})
+		_, err = b.adm.RecordOutcome(bg, q, mine.OperationID, OutcomeInput{OwnerToken: mine.OwnerToken, Status: StateSucceeded})
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.adm.RecordOutcome(bg, b.p, theirs.OperationID, OutcomeInput{OwnerToken: theirs.OwnerToken, Status: models.StateFailed})
+		_, err = b.adm.RecordOutcome(bg, b.p, theirs.OperationID, OutcomeInput{OwnerToken: theirs.OwnerToken, Status: StateFailed})
 		require.ErrorIs(t, err, ErrNotFound)
 		// A duplicate acquire in the other tenant does not count against mine.
 		_, err = b.adm.Acquire(bg, q, AcquireInput{Key: "shared-key", TTLSeconds: 60, Fingerprint: ptr("other")})
 		require.NoError(t, err)
 
 		require.Equal(t, beforeMine, snapshot(t, b, mine.OperationID))
-		require.Equal(t, models.StateInProgress, opRow(t, b, onlyMine.OperationID).State)
+		require.Equal(t, StateInProgress, opRow(t, b, onlyMine.OperationID).State)
 		afterTheirs := snapshot(t, b, theirs.OperationID)
 		require.Equal(t, beforeTheirs.Attempts+1, afterTheirs.Attempts)
 		require.Equal(t, beforeTheirs.Op.DuplicateAttempts+1, afterTheirs.Op.DuplicateAttempts)

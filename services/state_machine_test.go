@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,9 +13,9 @@ import (
 // Values recorded while setting up a state; the attempted outcomes below always use others, so
 // they are never "the same outcome again".
 var (
-	setupSucceeded = OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("r-setup"), Response: json.RawMessage(`{"ok":true}`)}
-	setupFailed    = OutcomeInput{Status: models.StateFailed, Receipt: ptr("r-setup"), Response: json.RawMessage(`{"error":"declined"}`)}
-	setupUncertain = OutcomeInput{Status: models.StateUncertain, Receipt: ptr("r-setup")}
+	setupSucceeded = OutcomeInput{Status: StateSucceeded, Receipt: ptr("r-setup"), Response: json.RawMessage(`{"ok":true}`)}
+	setupFailed    = OutcomeInput{Status: StateFailed, Receipt: ptr("r-setup"), Response: json.RawMessage(`{"error":"declined"}`)}
+	setupUncertain = OutcomeInput{Status: StateUncertain, Receipt: ptr("r-setup")}
 )
 
 // intoState returns a fresh operation (with a live 60 s hold unless released) in one of the
@@ -47,10 +46,10 @@ func intoState(t *testing.T, b *testBundle, key, state string) *Acquisition {
 
 // attempted outcomes, all with a receipt no setup uses.
 var attempts = map[string]OutcomeInput{
-	"succeeded":      {Status: models.StateSucceeded, Receipt: ptr("r-new"), Response: json.RawMessage(`{"id":"ch_1"}`), Note: ptr("n")},
-	"failed":         {Status: models.StateFailed, Receipt: ptr("r-new")},
-	"uncertain":      {Status: models.StateUncertain, Receipt: ptr("r-new")},
-	"failed+release": {Status: models.StateFailed, Receipt: ptr("r-new"), Release: true},
+	"succeeded":      {Status: StateSucceeded, Receipt: ptr("r-new"), Response: json.RawMessage(`{"id":"ch_1"}`), Note: ptr("n")},
+	"failed":         {Status: StateFailed, Receipt: ptr("r-new")},
+	"uncertain":      {Status: StateUncertain, Receipt: ptr("r-new")},
+	"failed+release": {Status: StateFailed, Receipt: ptr("r-new"), Release: true},
 }
 
 // transition is one row of the matrix: from a setup state, an attempted outcome leads to a
@@ -63,13 +62,13 @@ type transition struct {
 }
 
 var outcomeMatrix = []transition{
-	{"in_progress", "succeeded", models.StateSucceeded, models.StateSucceeded, 1},
-	{"in_progress", "failed", models.StateFailed, models.StateFailed, 1},
-	{"in_progress", "uncertain", models.StateUncertain, models.StateUncertain, 1},
-	{"in_progress", "failed+release", models.StateReleased, models.StateFailed, 2},
-	{"uncertain", "succeeded", models.StateSucceeded, models.StateSucceeded, 1},
-	{"uncertain", "failed", models.StateFailed, models.StateFailed, 1},
-	{"uncertain", "failed+release", models.StateReleased, models.StateFailed, 2},
+	{"in_progress", "succeeded", StateSucceeded, StateSucceeded, 1},
+	{"in_progress", "failed", StateFailed, StateFailed, 1},
+	{"in_progress", "uncertain", StateUncertain, StateUncertain, 1},
+	{"in_progress", "failed+release", StateReleased, StateFailed, 2},
+	{"uncertain", "succeeded", StateSucceeded, StateSucceeded, 1},
+	{"uncertain", "failed", StateFailed, StateFailed, 1},
+	{"uncertain", "failed+release", StateReleased, StateFailed, 2},
 	{"uncertain", "uncertain", "", "", 0}, // a different uncertain outcome after one was recorded
 	{"succeeded", "succeeded", "", "", 0},
 	{"succeeded", "failed", "", "", 0},
@@ -123,14 +122,14 @@ func TestOutcomeTransitionMatrix(t *testing.T) {
 				require.Len(t, after.Events, len(before.Events)+tr.events)
 				require.Equal(t, before.Attempts, after.Attempts)
 				require.Nil(t, after.Op.StateReason)
-				if tr.to == models.StateUncertain {
+				if tr.to == StateUncertain {
 					require.Nil(t, after.Op.EndedAt, "uncertain is not an end: retention must keep it")
 				} else {
 					require.NotNil(t, after.Op.EndedAt)
 				}
 				k, err := b.adm.GetKey(bg, b.p.TenantID, acq.Key)
 				require.NoError(t, err)
-				if tr.to == models.StateReleased {
+				if tr.to == StateReleased {
 					require.False(t, k.Held)
 					require.False(t, op.Held)
 					require.Nil(t, after.Key.HolderOperationID)
@@ -160,9 +159,9 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 		for _, n := range names {
 			next := mustAcquire(t, b, "exp-"+n, 60)
 			require.EqualValues(t, 2, next.FencingToken)
-			require.Equal(t, &PreviousOperation{ID: old[n].OperationID, State: models.StateUncertain, FencingToken: 1}, next.PreviousOperation)
+			require.Equal(t, &PreviousOperation{ID: old[n].OperationID, State: StateUncertain, FencingToken: 1}, next.PreviousOperation)
 			m := opRow(t, b, old[n].OperationID)
-			require.Equal(t, models.StateUncertain, m.State)
+			require.Equal(t, StateUncertain, m.State)
 			require.Equal(t, ReasonTTLExpired, deref(m.StateReason))
 			require.Nil(t, m.OutcomeStatus)
 
@@ -170,8 +169,8 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 			op, err := record(b, old[n], attempts[n])
 			require.NoError(t, err, n)
 			// failed+release stays failed: the key was taken over, so there is nothing to release.
-			want := map[string]string{"succeeded": models.StateSucceeded, "failed": models.StateFailed,
-				"uncertain": models.StateUncertain, "failed+release": models.StateFailed}[n]
+			want := map[string]string{"succeeded": StateSucceeded, "failed": StateFailed,
+				"uncertain": StateUncertain, "failed+release": StateFailed}[n]
 			require.Equal(t, want, op.State)
 			require.Equal(t, attempts[n].Status, op.Outcome.Status)
 			require.False(t, op.Held)
@@ -179,7 +178,7 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, k.Held)
 			require.Equal(t, next.OperationID, k.Operation.ID)
-			require.Equal(t, models.StateInProgress, k.Operation.State)
+			require.Equal(t, StateInProgress, k.Operation.State)
 
 			d, err := b.adm.GetOperation(bg, b.p.TenantID, old[n].OperationID)
 			require.NoError(t, err)
@@ -188,9 +187,9 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 			require.Equal(t, EventOutcome, d.Events[1].Kind)
 		}
 		// The uncertain outcome recorded over the system's mark can be followed by reconciliation.
-		op, err := record(b, old["uncertain"], OutcomeInput{Status: models.StateSucceeded, Receipt: ptr("late")})
+		op, err := record(b, old["uncertain"], OutcomeInput{Status: StateSucceeded, Receipt: ptr("late")})
 		require.NoError(t, err)
-		require.Equal(t, models.StateSucceeded, op.State)
+		require.Equal(t, StateSucceeded, op.State)
 	})
 }
 
@@ -208,10 +207,10 @@ func TestOutcomeSameAgainChangesNothing(t *testing.T) {
 			release      bool
 			wantState    string
 		}{
-			{"succeeded", models.StateSucceeded, false, models.StateSucceeded},
-			{"failed", models.StateFailed, false, models.StateFailed},
-			{"uncertain", models.StateUncertain, false, models.StateUncertain},
-			{"failed+release", models.StateFailed, true, models.StateReleased},
+			{"succeeded", StateSucceeded, false, StateSucceeded},
+			{"failed", StateFailed, false, StateFailed},
+			{"uncertain", StateUncertain, false, StateUncertain},
+			{"failed+release", StateFailed, true, StateReleased},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				acq := mustAcquire(t, b, "same-"+tc.name, 60)
@@ -274,11 +273,11 @@ func TestFailedToReleased(t *testing.T) {
 					op, err = b.adm.Release(bg, b.p, ReleaseInput{Key: acq.Key, OwnerToken: acq.OwnerToken, Reason: ptr("rolled back")})
 				}
 				require.NoError(t, err)
-				require.Equal(t, models.StateReleased, op.State)
+				require.Equal(t, StateReleased, op.State)
 				require.False(t, op.Held)
 				require.NotNil(t, op.ReleasedAt)
 				// The recorded failure stays the operation's outcome.
-				require.Equal(t, models.StateFailed, op.Outcome.Status)
+				require.Equal(t, StateFailed, op.Outcome.Status)
 				require.Equal(t, "r-setup", deref(op.Outcome.Receipt))
 				require.JSONEq(t, `{"error":"declined"}`, string(op.Outcome.Response))
 				require.Equal(t, before.Op.OutcomeAt, opRow(t, b, acq.OperationID).OutcomeAt)
@@ -301,10 +300,10 @@ func TestOutcomeFailedWithReleaseFreesKey(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "fail-release", 60)
-		op := mustRecord(t, b, acq, OutcomeInput{Status: models.StateFailed, Receipt: ptr("declined"),
+		op := mustRecord(t, b, acq, OutcomeInput{Status: StateFailed, Receipt: ptr("declined"),
 			Note: ptr("card declined"), Release: true})
-		require.Equal(t, models.StateReleased, op.State)
-		require.Equal(t, models.StateFailed, op.Outcome.Status)
+		require.Equal(t, StateReleased, op.State)
+		require.Equal(t, StateFailed, op.Outcome.Status)
 		require.Equal(t, "card declined", deref(op.ReleaseReason))
 		require.False(t, op.Held)
 
@@ -312,7 +311,7 @@ func TestOutcomeFailedWithReleaseFreesKey(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, k.Held)
 		require.Nil(t, k.ExpiresAt)
-		require.Equal(t, models.StateReleased, k.Operation.State)
+		require.Equal(t, StateReleased, k.Operation.State)
 
 		next := mustAcquire(t, b, "fail-release", 60)
 		require.EqualValues(t, 2, next.FencingToken)
@@ -349,9 +348,9 @@ func TestReleaseByState(t *testing.T) {
 					return
 				}
 				require.NoError(t, err)
-				require.Equal(t, models.StateReleased, op.State)
+				require.Equal(t, StateReleased, op.State)
 				after := snapshot(t, b, acq.OperationID)
-				require.Equal(t, models.StateReleased, after.Op.State)
+				require.Equal(t, StateReleased, after.Op.State)
 				require.Nil(t, after.Key.HolderOperationID)
 				require.Nil(t, after.Key.ExpiresAt)
 				require.NotNil(t, after.Op.EndedAt)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -225,7 +224,7 @@ func TestKeysAreByteExact(t *testing.T) {
 		page, err := b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Limit: MaxListLimit})
 		require.NoError(t, err)
 		require.Len(t, page.Items, len(keys))
-		require.Equal(t, models.StateInProgress, page.Items[0].Operation.State)
+		require.Equal(t, StateInProgress, page.Items[0].Operation.State)
 	})
 }
 

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/views"
 )
@@ -38,7 +37,7 @@ var adminFlashes = map[string]string{
 }
 
 // adminRoles are the roles the page offers, most powerful first.
-var adminRoles = []string{models.RoleAdmin, models.RoleOperator, models.RoleAuditor}
+var adminRoles = []string{services.RoleAdmin, services.RoleOperator, services.RoleAuditor}
 
 // requireAdmin lets only global admins through: a tenant's admin manages nothing
 // installation-wide (see services.IsGlobalAdmin).
@@ -174,7 +173,7 @@ func (s *Server) renderAdmin(c *fiber.Ctx, status int, p views.AdminProps) error
 	}
 	p.Roles = adminRoles
 	if p.OperatorForm.Role == "" {
-		p.OperatorForm.Role = models.RoleOperator
+		p.OperatorForm.Role = services.RoleOperator
 	}
 	p.APIKeys = make([]views.AdminAPIKeyRow, 0, len(keys))
 	for _, k := range keys {

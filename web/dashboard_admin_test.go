@@ -51,7 +51,7 @@ func TestDashboardAdminAPIKeys(t *testing.T) {
 	for _, db := range dbs.All() {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			s, other := newTestServer(t, db), newTestServer(t, db) // two instances, one database
-			admin := dashOperator(t, db, models.RoleAdmin, nil)
+			admin := dashOperator(t, db, services.RoleAdmin, nil)
 			b := newDashBrowser(t, s)
 			b.mustLogin(admin)
 
@@ -132,7 +132,7 @@ func TestDashboardAdminOperators(t *testing.T) {
 	for _, db := range dbs.All() {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			s := newTestServer(t, db)
-			admin := dashOperator(t, db, models.RoleAdmin, nil)
+			admin := dashOperator(t, db, services.RoleAdmin, nil)
 			b := newDashBrowser(t, s)
 			b.mustLogin(admin)
 			page := b.get("/admin")
@@ -206,7 +206,7 @@ func TestDashboardAdminKeepsLastAdmin(t *testing.T) {
 	for _, db := range isolatedDBs(t) { // the last-admin rule counts every account
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			s := newTestServer(t, db)
-			root := dashOperator(t, db, models.RoleAdmin, nil)
+			root := dashOperator(t, db, services.RoleAdmin, nil)
 			b := newDashBrowser(t, s)
 			b.mustLogin(root)
 			page := b.get("/admin")
@@ -232,7 +232,7 @@ func TestDashboardAdminForbidden(t *testing.T) {
 	t.Parallel()
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
 		ctx := context.Background()
-		target := dashOperator(t, f.db, models.RoleOperator, nil)
+		target := dashOperator(t, f.db, services.RoleOperator, nil)
 		var targetOp models.Operator
 		require.NoError(t, f.db.Where("username = ?", target).Take(&targetOp).Error)
 		targetPath := "/admin/operators/" + strconv.FormatInt(targetOp.ID, 10)
@@ -244,9 +244,9 @@ func TestDashboardAdminForbidden(t *testing.T) {
 			targetPath + "/delete": {"confirm": {"yes"}},
 		}
 		for _, who := range []string{
-			dashOperator(t, f.db, models.RoleOperator, nil),
-			dashOperator(t, f.db, models.RoleAuditor, nil),
-			dashOperator(t, f.db, models.RoleAdmin, &f.pA.TenantID), // a tenant's admin manages nothing global
+			dashOperator(t, f.db, services.RoleOperator, nil),
+			dashOperator(t, f.db, services.RoleAuditor, nil),
+			dashOperator(t, f.db, services.RoleAdmin, &f.pA.TenantID), // a tenant's admin manages nothing global
 		} {
 			b := newDashBrowser(t, f.s)
 			b.mustLogin(who)
@@ -263,7 +263,7 @@ func TestDashboardAdminForbidden(t *testing.T) {
 		// Nothing changed.
 		got, err := f.s.auth.Operator(ctx, targetOp.ID)
 		require.NoError(t, err)
-		require.Equal(t, models.RoleOperator, got.Role)
+		require.Equal(t, services.RoleOperator, got.Role)
 		var n int64
 		require.NoError(t, f.db.Model(&models.APIKey{}).Where("id = ? AND revoked_at IS NULL", f.pA.APIKeyID).Count(&n).Error)
 		require.EqualValues(t, 1, n, "the key is not revoked")
@@ -274,7 +274,7 @@ func TestDashboardAdminForbidden(t *testing.T) {
 
 		// A global admin does see the link.
 		admin := newDashBrowser(t, f.s)
-		admin.mustLogin(dashOperator(t, f.db, models.RoleAdmin, nil))
+		admin.mustLogin(dashOperator(t, f.db, services.RoleAdmin, nil))
 		require.Equal(t, 1, admin.get("/keys").testid("nav-admin").Length())
 	})
 }
@@ -283,7 +283,7 @@ func TestDashboardAdminRequiresCSRF(t *testing.T) {
 	t.Parallel()
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
 		b := newDashBrowser(t, f.s)
-		b.mustLogin(dashOperator(t, f.db, models.RoleAdmin, nil))
+		b.mustLogin(dashOperator(t, f.db, services.RoleAdmin, nil))
 		require.Equal(t, http.StatusOK, b.get("/admin").status)
 		tenant := "csrf-" + dashRandom()
 		for _, token := range []string{"", "not-the-token"} {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/views"
 )
@@ -22,11 +21,11 @@ const keysPageSize = 50
 
 // keyStates are the state filter's choices, in lifecycle order.
 var keyStates = []views.Option{
-	{Value: models.StateInProgress, Label: "In progress"},
-	{Value: models.StateUncertain, Label: "Uncertain (newest operation)"},
-	{Value: models.StateSucceeded, Label: "Succeeded"},
-	{Value: models.StateFailed, Label: "Failed"},
-	{Value: models.StateReleased, Label: "Released"},
+	{Value: services.StateInProgress, Label: "In progress"},
+	{Value: services.StateUncertain, Label: "Uncertain (newest operation)"},
+	{Value: services.StateSucceeded, Label: "Succeeded"},
+	{Value: services.StateFailed, Label: "Failed"},
+	{Value: services.StateReleased, Label: "Released"},
 }
 
 // keysQuery is the Keys page's query string: plain GET parameters, so filters and pages are
@@ -228,7 +227,7 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 	case v.Held && v.ExpiresAt != nil && v.ExpiresAt.After(now):
 		left := v.ExpiresAt.Sub(now)
 		r.TTL, r.TTLKind, r.TTLMillis = formatTTL(left), views.TTLLive, strconv.FormatInt(left.Milliseconds(), 10)
-	case op != nil && op.State != models.StateReleased:
+	case op != nil && op.State != services.StateReleased:
 		// The hold ran out; a released key simply has none.
 		r.TTL, r.TTLKind = "expired", views.TTLExpired
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/views"
 )
@@ -32,7 +31,7 @@ var operationFlashes = map[string]string{
 
 // operatorMayAct reports whether the account may record outcomes and release keys (SPEC.md §5).
 func operatorMayAct(op *services.OperatorAccount) bool {
-	return op != nil && (op.Role == models.RoleAdmin || op.Role == models.RoleOperator)
+	return op != nil && (op.Role == services.RoleAdmin || op.Role == services.RoleOperator)
 }
 
 // requireActor refuses the dashboard's state-changing requests to read-only accounts
@@ -243,7 +242,7 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 		v.HolderURL = operationURL(h.OperationID)
 	}
 	for _, a := range d.Attempts {
-		if a.Result == models.ResultAdmitted && a.AttemptID != nil && v.AttemptID == "" {
+		if a.Result == services.ResultAdmitted && a.AttemptID != nil && v.AttemptID == "" {
 			v.AttemptID = *a.AttemptID
 		}
 	}
@@ -258,8 +257,8 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 		Attempts:        make([]views.AttemptRow, 0, len(d.Attempts)),
 		Events:          make([]views.EventRow, 0, len(d.Events)),
 		Generations:     make([]views.GenerationRow, 0, len(d.Generations)),
-		ShowOutcomeForm: canAct && (d.State == models.StateInProgress || d.State == models.StateUncertain),
-		ShowReleaseForm: canAct && d.HoldsKey && (d.State == models.StateInProgress || d.State == models.StateFailed),
+		ShowOutcomeForm: canAct && (d.State == services.StateInProgress || d.State == services.StateUncertain),
+		ShowReleaseForm: canAct && d.HoldsKey && (d.State == services.StateInProgress || d.State == services.StateFailed),
 	}
 	for _, a := range d.Attempts {
 		r := views.AttemptRow{Result: a.Result, Caller: a.Caller, AttemptID: opText(a.AttemptID)}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
-	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
@@ -63,7 +62,7 @@ func TestDashboardOperationPage(t *testing.T) {
 			_, ok := s.Attr("src")
 			require.True(t, ok, "inline script element rendered")
 		})
-		require.Equal(t, models.StateInProgress, page.testid("op-state").AttrOr("data-state", ""))
+		require.Equal(t, services.StateInProgress, page.testid("op-state").AttrOr("data-state", ""))
 		require.Contains(t, opSelText(page.testid("op-state")), "In progress", "the state has a text label")
 		require.Equal(t, "1", opSelText(page.testid("op-fencing")))
 		require.Equal(t, "Yes", opSelText(page.testid("op-held")))
@@ -114,13 +113,13 @@ func TestDashboardOperationReconcile(t *testing.T) {
 		ctx := context.Background()
 		a := f.opAcquire(t, f.pA, "pay-1", 300, "")
 		_, err := f.s.adm.RecordOutcome(ctx, f.pA, a.OperationID, services.OutcomeInput{OwnerToken: a.OwnerToken,
-			Status: models.StateUncertain})
+			Status: services.StateUncertain})
 		require.NoError(t, err)
 
 		b := newDashBrowser(t, f.s)
 		b.mustLogin(f.restricted)
 		page := b.get("/operations/" + a.OperationID)
-		require.Equal(t, models.StateUncertain, page.testid("op-state").AttrOr("data-state", ""))
+		require.Equal(t, services.StateUncertain, page.testid("op-state").AttrOr("data-state", ""))
 		require.Equal(t, 1, page.testid("outcome-form").Length())
 		require.Equal(t, 0, page.testid("release-form").Length(), "uncertain: reconcile, do not release")
 
@@ -133,7 +132,7 @@ func TestDashboardOperationReconcile(t *testing.T) {
 		page = b.get(res.header.Get("Location"))
 		require.Equal(t, http.StatusOK, page.status)
 		require.Equal(t, "Outcome recorded.", opSelText(page.testid("flash")))
-		require.Equal(t, models.StateSucceeded, page.testid("op-state").AttrOr("data-state", ""))
+		require.Equal(t, services.StateSucceeded, page.testid("op-state").AttrOr("data-state", ""))
 		require.Equal(t, "succeeded", opSelText(page.testid("outcome-status")))
 		require.Equal(t, receipt, opSelText(page.testid("outcome-receipt")))
 		require.NotContains(t, page.body, "<b>42</b>")
@@ -144,7 +143,7 @@ func TestDashboardOperationReconcile(t *testing.T) {
 		require.Contains(t, opSelText(last), "uncertain -> succeeded")
 
 		d := f.opDetail(t, f.pA, a.OperationID)
-		require.Equal(t, models.StateSucceeded, d.State)
+		require.Equal(t, services.StateSucceeded, d.State)
 		require.Equal(t, f.restricted, d.Outcome.RecordedBy)
 		require.Equal(t, receipt, *d.Outcome.Receipt)
 		require.Equal(t, "Found the charge in the PSP dashboard", *d.Outcome.Note)
@@ -157,7 +156,7 @@ func TestDashboardOperationReconcile(t *testing.T) {
 			"note": {"again"}, "_csrf": {page.csrf(t)}})
 		require.Equal(t, http.StatusConflict, res.status)
 		require.Contains(t, opSelText(res.testid("action-error")), "Not recorded:")
-		require.Equal(t, models.StateSucceeded, f.opDetail(t, f.pA, a.OperationID).State)
+		require.Equal(t, services.StateSucceeded, f.opDetail(t, f.pA, a.OperationID).State)
 	})
 }
 
@@ -166,7 +165,7 @@ func TestDashboardOperationReleaseFailed(t *testing.T) {
 		ctx := context.Background()
 		a := f.opAcquire(t, f.pA, "refund-1", 300, "")
 		_, err := f.s.adm.RecordOutcome(ctx, f.pA, a.OperationID, services.OutcomeInput{OwnerToken: a.OwnerToken,
-			Status: models.StateFailed})
+			Status: services.StateFailed})
 		require.NoError(t, err)
 
 		b := newDashBrowser(t, f.s)
@@ -182,7 +181,7 @@ func TestDashboardOperationReleaseFailed(t *testing.T) {
 		require.Equal(t, http.StatusSeeOther, res.status, res.body)
 		page = b.get(res.header.Get("Location"))
 		require.Equal(t, "Key released.", opSelText(page.testid("flash")))
-		require.Equal(t, models.StateReleased, page.testid("op-state").AttrOr("data-state", ""))
+		require.Equal(t, services.StateReleased, page.testid("op-state").AttrOr("data-state", ""))
 		require.Equal(t, "No", opSelText(page.testid("op-held")))
 		require.Equal(t, 0, page.testid("release-form").Length())
 
@@ -234,7 +233,7 @@ func TestDashboardOperationStaleRelease(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, bAcq.OperationID, k.Operation.ID)
-		require.Equal(t, models.StateInProgress, k.Operation.State)
+		require.Equal(t, services.StateInProgress, k.Operation.State)
 		require.Empty(t, f.opDetail(t, f.pA, bAcq.OperationID).Events, "nothing happened to B")
 		for _, e := range f.opDetail(t, f.pA, a.OperationID).Events {
 			require.NotEqual(t, services.EventReleased, e.Kind)
@@ -268,7 +267,7 @@ func TestDashboardOperationAuditorReadOnly(t *testing.T) {
 			require.Equal(t, "403", res.testid("error-status").Text())
 		}
 		d := f.opDetail(t, f.pB, a.OperationID)
-		require.Equal(t, models.StateInProgress, d.State)
+		require.Equal(t, services.StateInProgress, d.State)
 		require.True(t, d.Held)
 		require.Nil(t, d.Outcome)
 		require.Empty(t, d.Events)
@@ -295,12 +294,12 @@ func TestDashboardOperationTenantScope(t *testing.T) {
 			require.Equal(t, http.StatusNotFound, res.status, path)
 		}
 		d := f.opDetail(t, f.pB, other.OperationID)
-		require.Equal(t, models.StateInProgress, d.State)
+		require.Equal(t, services.StateInProgress, d.State)
 		require.True(t, d.Held)
 		require.Empty(t, d.Events)
 
 		// A global operator acts on any tenant.
-		global := dashOperator(t, f.db, models.RoleOperator, nil)
+		global := dashOperator(t, f.db, services.RoleOperator, nil)
 		g := newDashBrowser(t, f.s)
 		g.mustLogin(global)
 		page := g.get("/operations/" + other.OperationID)
@@ -351,7 +350,7 @@ func TestDashboardOperationValidation(t *testing.T) {
 		require.Equal(t, "failed", res.testid("outcome-form").Find(`option[selected]`).AttrOr("value", ""))
 
 		d := f.opDetail(t, f.pA, a.OperationID)
-		require.Equal(t, models.StateInProgress, d.State)
+		require.Equal(t, services.StateInProgress, d.State)
 		require.True(t, d.Held)
 		require.Nil(t, d.Outcome)
 		require.Empty(t, d.Events)
@@ -370,7 +369,7 @@ func TestDashboardOperationAuditorOtherTenantIs404(t *testing.T) {
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
 		other := f.opAcquire(t, f.pB, "b-hidden", 300, "")
 		own := f.opAcquire(t, f.pA, "a-visible", 300, "")
-		auditor := dashOperator(t, f.db, models.RoleAuditor, &f.pA.TenantID)
+		auditor := dashOperator(t, f.db, services.RoleAuditor, &f.pA.TenantID)
 
 		b := newDashBrowser(t, f.s)
 		b.mustLogin(auditor)
@@ -393,20 +392,20 @@ func TestDashboardOperationAuditorOtherTenantIs404(t *testing.T) {
 			require.Equal(t, http.StatusForbidden, res.status, path)
 		}
 		d := f.opDetail(t, f.pB, other.OperationID)
-		require.Equal(t, models.StateInProgress, d.State)
+		require.Equal(t, services.StateInProgress, d.State)
 		require.Empty(t, d.Events)
 
 		// The services keep the same order for any other caller.
 		acct, err := f.s.auth.Login(context.Background(), auditor, dashPassword)
 		require.NoError(t, err)
 		_, err = f.s.adm.ReconcileOutcome(context.Background(), acct, other.OperationID,
-			services.ReconcileInput{Status: models.StateFailed, Note: "n"})
+			services.ReconcileInput{Status: services.StateFailed, Note: "n"})
 		require.ErrorIs(t, err, services.ErrNotFound)
 		_, err = f.s.adm.OperatorRelease(context.Background(), acct, other.OperationID,
 			services.OperatorReleaseInput{OperationID: other.OperationID, FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, services.ErrNotFound)
 		_, err = f.s.adm.ReconcileOutcome(context.Background(), acct, own.OperationID,
-			services.ReconcileInput{Status: models.StateFailed, Note: "n"})
+			services.ReconcileInput{Status: services.StateFailed, Note: "n"})
 		require.ErrorIs(t, err, services.ErrUnauthorized)
 	})
 }

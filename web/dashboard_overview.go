@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/views"
 )
@@ -48,7 +47,7 @@ func overviewProps(nav views.Nav, ov *services.Overview) views.OverviewProps {
 	}
 	for _, sc := range ov.Counts {
 		u := keysStateURL(sc.State)
-		if sc.State == models.StateUncertain {
+		if sc.State == services.StateUncertain {
 			// The count is of operations, superseded ones included, which a listing of keys by
 			// their newest operation would miss: the queue lists exactly these.
 			u = queueURL

@@ -168,8 +168,8 @@ func dashEachDB(t *testing.T, fn func(t *testing.T, f *dashFixture)) {
 			f := &dashFixture{s: s, db: db, op: "dash-" + dashRandom()}
 			f.tenantA, f.pA = dashTenant(t, s)
 			f.tenantB, f.pB = dashTenant(t, s)
-			f.global = dashOperator(t, db, models.RoleAuditor, nil)
-			f.restricted = dashOperator(t, db, models.RoleOperator, &f.pA.TenantID)
+			f.global = dashOperator(t, db, services.RoleAuditor, nil)
+			f.restricted = dashOperator(t, db, services.RoleOperator, &f.pA.TenantID)
 			fn(t, f)
 		})
 	}
@@ -305,7 +305,7 @@ func TestDashboardLoginShowsKeys(t *testing.T) {
 		})
 		order := rows[1]
 		require.Equal(t, f.op, order.operation)
-		require.Equal(t, models.StateInProgress, order.state)
+		require.Equal(t, services.StateInProgress, order.state)
 		require.Equal(t, "1", order.fencing)
 		require.Equal(t, "1", order.duplicates)
 		require.Regexp(t, regexp.MustCompile(`^[45]m \d\ds$`), order.ttl)
@@ -520,10 +520,10 @@ func TestDashboardKeysStateFilter(t *testing.T) {
 		require.Equal(t, 0, all.testid("filter-state").Find("option[selected]").Length())
 
 		for state, want := range map[string][]string{
-			models.StateInProgress: {"running"},
-			models.StateReleased:   {"released"},
-			models.StateSucceeded:  {"done"},
-			models.StateUncertain:  nil,
+			services.StateInProgress: {"running"},
+			services.StateReleased:   {"released"},
+			services.StateSucceeded:  {"done"},
+			services.StateUncertain:  nil,
 		} {
 			page := b.get(f.keysURL("state=" + state))
 			require.Equal(t, http.StatusOK, page.status, page.body)
@@ -616,7 +616,7 @@ func TestFormatTTL(t *testing.T) {
 func TestKeyRowTTL(t *testing.T) {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	exp := now.Add(90 * time.Second)
-	op := &services.Operation{State: models.StateInProgress, FencingToken: 3, ConflictAttempts: 2}
+	op := &services.Operation{State: services.StateInProgress, FencingToken: 3, ConflictAttempts: 2}
 	held := keyRow(services.TenantKeyView{KeyView: services.KeyView{Key: "k", Held: true, ExpiresAt: &exp,
 		AcquiredAt: now, Operation: op}, TenantName: "acme"}, now)
 	require.Equal(t, "1m 30s", held.TTL)

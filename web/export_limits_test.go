@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
 
@@ -79,11 +80,11 @@ func eachExportDialect(t *testing.T, rows int, tweak func(*Config), fn func(t *t
 			fp, corr := strings.Repeat("f", 256), strings.Repeat("c", 128)
 			for i := 0; i < rows; i++ {
 				batch = append(batch, models.Attempt{TenantID: p.TenantID, Key: fmt.Sprintf("%s-%06d", strings.Repeat("k", 100), i),
-					Result: models.ResultDuplicate, Fingerprint: &fp, CorrelationID: &corr, Caller: "idg_test", AttemptedAt: now.Add(-time.Minute)})
+					Result: services.ResultDuplicate, Fingerprint: &fp, CorrelationID: &corr, Caller: "idg_test", AttemptedAt: now.Add(-time.Minute)})
 			}
 			require.NoError(t, db.CreateInBatches(batch, 500).Error)
 			b := newDashBrowser(t, s)
-			b.mustLogin(dashOperator(t, db, models.RoleAuditor, nil))
+			b.mustLogin(dashOperator(t, db, services.RoleAuditor, nil))
 			var cookie []string
 			for _, c := range b.cookies {
 				cookie = append(cookie, c.Name+"="+c.Value)

@@ -69,7 +69,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		time.Sleep(1100 * time.Millisecond)
 		require.True(t, f.acquire(t, f.pB, w.marker+"late").Admitted)
 		w.uncertain = late.OperationID
-		require.Equal(t, models.StateUncertain, f.opDetail(t, f.pB, w.uncertain).State)
+		require.Equal(t, services.StateUncertain, f.opDetail(t, f.pB, w.uncertain).State)
 		w.other = "shared-" + dashRandom() // not under the marker: A acquires this name for itself
 		otherOp := f.acquire(t, f.pB, w.other)
 		f.acquire(t, f.pA, "a-own")
@@ -83,9 +83,9 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		op.mustLogin(f.restricted)
 		csrf := op.get("/keys").csrf(t)
 		tenantAdmin := newDashBrowser(t, f.s)
-		tenantAdmin.mustLogin(dashOperator(t, f.db, models.RoleAdmin, &f.pA.TenantID))
+		tenantAdmin.mustLogin(dashOperator(t, f.db, services.RoleAdmin, &f.pA.TenantID))
 		adminCSRF := tenantAdmin.get("/keys").csrf(t)
-		victim := dashOperator(t, f.db, models.RoleOperator, &f.pB.TenantID)
+		victim := dashOperator(t, f.db, services.RoleOperator, &f.pB.TenantID)
 		var victimOp models.Operator
 		require.NoError(t, f.db.Where("username = ?", victim).Take(&victimOp).Error)
 		victimPath := "/admin/operators/" + strconv.FormatInt(victimOp.ID, 10)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web/logging"
 	"github.com/stretchr/testify/require"
 )
@@ -170,7 +171,7 @@ func TestEveryLogLineCarriesTheRequestID(t *testing.T) {
 
 			// Services log with the request's context: an admin creates an API key.
 			b := newDashBrowser(t, s)
-			b.mustLogin(dashOperator(t, db, models.RoleAdmin, nil))
+			b.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
 			page := b.get("/admin")
 			r = send(t, s, lc, formRequest(b, "/admin/api-keys",
 				url.Values{"tenant": {"log-" + dashRandom()}, "label": {"x"}, "_csrf": {page.csrf(t)}}))

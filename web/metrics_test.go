@@ -141,7 +141,7 @@ func TestMetricsCountEveryDecision(t *testing.T) {
 			opRec := ok(acquire(a, "op-reconcile", nil), 201)
 			ok(acquire(a, "expire", map[string]any{"ttl_seconds": 1}), 201)
 			browser := newDashBrowser(t, s)
-			browser.mustLogin(dashOperator(t, db, models.RoleOperator, nil))
+			browser.mustLogin(dashOperator(t, db, services.RoleOperator, nil))
 			act := func(res apiResult, action string, form url.Values) {
 				t.Helper()
 				page := browser.get("/operations/" + opID(res))

@@ -61,10 +61,10 @@ func newParamSweepWorld(t *testing.T, db *models.DB) *paramSweepWorld {
 	require.NoError(t, err)
 	w.opID = acq.OperationID
 	w.admin = newDashBrowser(t, s)
-	w.admin.mustLogin(dashOperator(t, db, models.RoleAdmin, nil))
+	w.admin.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
 	w.csrf = w.admin.get("/keys").csrf(t)
 	var victim models.Operator
-	name := dashOperator(t, db, models.RoleAuditor, nil)
+	name := dashOperator(t, db, services.RoleAuditor, nil)
 	require.NoError(t, db.Where("username = ?", name).Take(&victim).Error)
 	w.opr = strconv.FormatInt(victim.ID, 10)
 	return w

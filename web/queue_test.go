@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
-	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -50,7 +49,7 @@ func apiQueue(t *testing.T, api *apiClient) []string {
 		require.Equal(t, http.StatusOK, res.status, res.raw)
 		for _, it := range res.body["items"].([]any) {
 			op := it.(map[string]any)
-			require.Equal(t, models.StateUncertain, op["state"])
+			require.Equal(t, services.StateUncertain, op["state"])
 			ids = append(ids, op["id"].(string))
 		}
 		next, _ := res.body["next_cursor"].(string)
@@ -103,7 +102,7 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 		require.GreaterOrEqual(t, res.MarkedUncertain, int64(1))
 		unsure := f.opAcquire(t, f.pA, "q-unsure", 300, "")
 		_, err = f.s.adm.RecordOutcome(ctx, f.pA, unsure.OperationID, services.OutcomeInput{OwnerToken: unsure.OwnerToken,
-			Status: models.StateUncertain})
+			Status: services.StateUncertain})
 		require.NoError(t, err)
 
 		// The superseded one is not the newest operation of its key: a key listing misses it.
@@ -126,7 +125,7 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 
 		// Reconciliations take operations off the queue, superseded or not.
 		_, err = f.s.adm.RecordOutcome(ctx, f.pA, taken.OperationID, services.OutcomeInput{OwnerToken: taken.OwnerToken,
-			Status: models.StateSucceeded})
+			Status: services.StateSucceeded})
 		require.NoError(t, err)
 		page := b.get("/operations/" + reaped.OperationID)
 		require.Equal(t, http.StatusSeeOther, b.post("/operations/"+reaped.OperationID+"/outcome", url.Values{

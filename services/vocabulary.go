@@ -1,0 +1,27 @@
+package services
+
+// The vocabulary of operations, attempts and accounts. The values are stored in the database
+// and appear in the API, so they never change spelling.
+
+// Operation states (SPEC.md §3).
+const (
+	StateInProgress = "in_progress"
+	StateSucceeded  = "succeeded"
+	StateFailed     = "failed"
+	StateUncertain  = "uncertain"
+	StateReleased   = "released"
+)
+
+// Attempt results (SPEC.md §2 "attempt").
+const (
+	ResultAdmitted  = "admitted"
+	ResultDuplicate = "duplicate"
+	ResultConflict  = "conflict"
+)
+
+// Operator roles (SPEC.md §5).
+const (
+	RoleAdmin    = "admin"
+	RoleOperator = "operator"
+	RoleAuditor  = "auditor"
+)
