@@ -7,7 +7,6 @@ import (
 
 	"github.com/idemgate/idemgate/models"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // Administration of API keys and operator accounts (SPEC.md §5 "admin", issue 4).
@@ -238,16 +237,14 @@ func (a *Auth) DeleteOperator(ctx context.Context, acct *OperatorAccount, id int
 	return nil
 }
 
-// lockForAdminChange reads account id for a role change or deletion. On PostgreSQL it first
-// locks every global admin row, so two admins demoting each other at once are serialised and
-// the second sees the first's change (SQLite transactions are immediate: one writer at a time).
+// lockForAdminChange reads account id for a role change or deletion. It first locks every
+// global admin row, so two admins demoting each other at once are serialised and the second
+// sees the first's change (on SQLite the immediate transaction already is the lock).
 func (a *Auth) lockForAdminChange(tx *gorm.DB, id int64) (*models.Operator, error) {
-	if a.db.Dialect == models.Postgres {
-		var ids []int64
-		if err := tx.Model(&models.Operator{}).Clauses(clause.Locking{Strength: "UPDATE"}).
-			Where("role = ? AND tenant_id IS NULL", RoleAdmin).Pluck("id", &ids).Error; err != nil {
-			return nil, err
-		}
+	var ids []int64
+	if err := a.st.lock(tx.Model(&models.Operator{})).
+		Where("role = ? AND tenant_id IS NULL", RoleAdmin).Pluck("id", &ids).Error; err != nil {
+		return nil, err
 	}
 	var op models.Operator
 	err := tx.Where("id = ?", id).Take(&op).Error

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
@@ -58,15 +59,13 @@ type AuditGroup struct {
 }
 
 // possibleDuplicateEffectOf is the SQL condition "operation <op> was admitted while an earlier
-// operation of its key had succeeded or was uncertain" (AuditGroup.PossibleDuplicateEffect),
-// for an operation id column op. Only these two states can precede a later admission with an
-// effect possibly done: a succeeded one after its TTL, an in_progress one that expired (it
-// became uncertain in the takeover's transaction) — released and failed ones had none. The
-// unique index on (tenant_id, key, fencing_token) serves the lookup.
+// operation of its key was in a state that may duplicate its effect" (mayDuplicateEffect;
+// AuditGroup.PossibleDuplicateEffect), for an operation id column op. The unique index on
+// (tenant_id, key, fencing_token) serves the lookup.
 func possibleDuplicateEffectOf(op string) string {
 	return `EXISTS (SELECT 1 FROM operations pl JOIN operations pe
 	  ON pe.tenant_id = pl.tenant_id AND pe.key = pl.key AND pe.fencing_token < pl.fencing_token
-	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + StateSucceeded + `', '` + StateUncertain + `'))`
+	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + strings.Join(duplicateEffectStates, "', '") + `'))`
 }
 
 // AuditReport is the Audit page: the resolved filter and the groups, most recent last attempt

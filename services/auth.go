@@ -24,6 +24,7 @@ import (
 // request.
 type Auth struct {
 	db  *models.DB
+	st  store
 	log *slog.Logger
 
 	mu    sync.Mutex
@@ -53,7 +54,7 @@ func NewAuth(db *models.DB, log *slog.Logger) *Auth {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Auth{db: db, log: log, cache: map[string]cachedKey{}}
+	return &Auth{db: db, st: newStore(db), log: log, cache: map[string]cachedKey{}}
 }
 
 // Authenticate returns the principal of an unrevoked API key. Errors: ErrUnauthorized for an

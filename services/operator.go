@@ -272,7 +272,7 @@ func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAcco
 	var earlier []models.Operation
 	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
 		Where("tenant_id = ? AND key = ? AND fencing_token < ? AND state IN ?", m.TenantID, m.Key, m.FencingToken,
-			[]string{StateSucceeded, StateUncertain}).
+			duplicateEffectStates).
 		Order("fencing_token DESC").Limit(MaxGenerations).Find(&earlier).Error; err != nil {
 		return nil, storeError("get operation", err)
 	}
@@ -328,14 +328,14 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 			return err
 		}
 		var op models.Operation
-		if err := a.forUpdate(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+		if err := a.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
 		}
 		now, err := a.db.Now(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if op.State != StateInProgress && op.State != StateUncertain {
+		if !reconcilable(op.State) {
 			if op.OutcomeStatus != nil && *op.OutcomeStatus == in.Status && sameOptional(op.OutcomeReceipt, in.Receipt) {
 				// SPEC.md §3: the same outcome again succeeds and changes nothing (a form
 				// submitted twice, two operators agreeing).
@@ -395,14 +395,14 @@ func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, 
 		// Key row first, then the operation: the order acquire, release and the reaper lock in,
 		// so a release racing a takeover of the same key waits instead of deadlocking.
 		var k models.IdemKey
-		err = a.forUpdate(tx).Where("tenant_id = ? AND key = ?", seen.TenantID, seen.Key).Take(&k).Error
+		err = a.st.lock(tx).Where("tenant_id = ? AND key = ?", seen.TenantID, seen.Key).Take(&k).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
 			return ErrKeyNotHeld
 		} else if err != nil {
 			return err
 		}
 		var op models.Operation
-		if err := a.forUpdate(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+		if err := a.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
 		}
 		now, err := a.db.Now(ctx, tx)

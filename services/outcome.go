@@ -93,12 +93,12 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 		// Lock in the order acquire, release and the reaper use (key row, then operation), so a
 		// release-with-outcome racing a takeover of the same key cannot deadlock.
 		if in.Release {
-			if err := a.forUpdate(tx).Where("tenant_id = ? AND key = ?", p.TenantID, op.Key).
+			if err := a.st.lock(tx).Where("tenant_id = ? AND key = ?", p.TenantID, op.Key).
 				Take(&models.IdemKey{}).Error; err != nil {
 				return err
 			}
 		}
-		if err := a.forUpdate(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+		if err := a.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
 		}
 		if !secretMatches(in.OwnerToken, op.OwnerTokenHash) {
@@ -142,39 +142,19 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 	}
 	same := op.OutcomeStatus != nil && *op.OutcomeStatus == status && sameOptional(op.OutcomeReceipt, receipt) &&
 		canonicalJSON(rawJSON(op.OutcomeResponse)) == canonicalJSON(resp)
+	move, err := outcomeTransition(op.State, op.OutcomeStatus != nil, same, status, release)
+	if err != nil || move == moveNone {
+		return false, err
+	}
 	target := status
 	if release {
 		target = StateReleased
-	}
-	switch op.State {
-	case StateInProgress:
-	case StateUncertain:
-		// Reconciliation: uncertain -> succeeded | failed. Reporting "uncertain" for an operation
-		// the reaper already marked records the caller's details once.
-		if status == StateUncertain && (op.OutcomeStatus != nil) {
-			if same {
-				return false, nil
-			}
-			return false, ErrInvalidTransition
-		}
-	case StateFailed:
-		if !same {
-			return false, ErrInvalidTransition
-		}
-		if !release {
-			return false, nil
-		}
-	default: // succeeded, released: terminal
-		if same {
-			return false, nil
-		}
-		return false, ErrInvalidTransition
 	}
 	updates := map[string]any{
 		"state": target, "outcome_status": status, "outcome_receipt": receipt,
 		"outcome_response": jsonArg(resp), "outcome_note": note, "outcome_by": actor, "outcome_at": now,
 	}
-	if op.State == StateFailed { // failed -> released keeps the recorded outcome
+	if move == moveReleaseFailed { // failed -> released keeps the recorded outcome
 		updates = map[string]any{}
 	}
 	if target != StateUncertain {
@@ -185,7 +165,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 	if err := tx.Model(&models.Operation{}).Where("id = ?", op.ID).Updates(updates).Error; err != nil {
 		return false, err
 	}
-	if op.State != StateFailed {
+	if move == moveRecord {
 		detail := fmt.Sprintf("%s -> %s: outcome %s", op.State, status, status)
 		if receipt != nil && *receipt != "" {
 			detail += ", receipt " + *receipt

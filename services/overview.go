@@ -87,10 +87,7 @@ func (a *Admission) Overview(ctx context.Context, tenantID *int64) (*Overview, e
 	// (operation_id)), so this scans the tenant's attempts, or the whole table for a global
 	// account: acceptable for now at dashboard request rates; an (attempted_at) index is the
 	// fix if the table grows large.
-	hourExpr := "to_char(attempted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24')"
-	if a.db.Dialect == models.SQLite {
-		hourExpr = "strftime('%Y-%m-%d %H', attempted_at)"
-	}
+	hourExpr := a.st.hourOf("attempted_at")
 	var rows []struct {
 		Hour   string
 		Result string

@@ -22,22 +22,6 @@ const (
 	DefaultListLimit = 50
 )
 
-// operationFromModel maps a stored operation to the API's operation object.
-func operationFromModel(m *models.Operation, held bool) Operation {
-	op := Operation{
-		ID: m.ID, Key: m.Key, Operation: m.OperationName, State: m.State, StateReason: m.StateReason,
-		FencingToken: m.FencingToken, CorrelationID: m.CorrelationID, Fingerprint: m.Fingerprint,
-		Metadata: rawJSON(m.Metadata), AcquiredAt: m.AcquiredAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Held: held,
-		ReleasedAt: utcPtr(m.ReleasedAt), ReleaseReason: m.ReleaseReason,
-		DuplicateAttempts: m.DuplicateAttempts, ConflictAttempts: m.ConflictAttempts,
-	}
-	if m.OutcomeStatus != nil {
-		op.Outcome = &Outcome{Status: *m.OutcomeStatus, Receipt: m.OutcomeReceipt, Response: rawJSON(m.OutcomeResponse),
-			Note: m.OutcomeNote, RecordedBy: deref(m.OutcomeBy), RecordedAt: derefTime(m.OutcomeAt)}
-	}
-	return op
-}
-
 // loadOperation reads operation id of tenantID with its hold status and attempt counts, as of
 // the database time now.
 func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Operation, error) {

@@ -107,15 +107,11 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 					return u.Error
 				}
 				expired = 1
-				m := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", *k.HolderOperationID, StateInProgress).
-					Updates(map[string]any{"state": StateUncertain, "state_reason": ReasonTTLExpired})
-				if m.Error != nil || m.RowsAffected == 0 {
-					return m.Error
+				ok, err := expireToUncertain(tx, k.TenantID, *k.HolderOperationID, now)
+				if ok {
+					marked = 1
 				}
-				marked = 1
-				return tx.Create(&models.Event{OperationID: *k.HolderOperationID, TenantID: k.TenantID,
-					Kind: EventStateChanged, Actor: ActorSystem, Detail: "in_progress -> uncertain: " + ReasonTTLExpired,
-					CreatedAt: now}).Error
+				return err
 			})
 			if err != nil {
 				return err

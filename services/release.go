@@ -7,7 +7,6 @@ import (
 
 	"github.com/idemgate/idemgate/models"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // ReleaseInput is an owner-checked release (SPEC.md §4 "POST /v1/release"). Reason is optional
@@ -53,7 +52,7 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 	var out *Operation
 	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		var k models.IdemKey
-		err := a.forUpdate(tx).Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
+		err := a.st.lock(tx).Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
 			return ErrKeyNotHeld
 		} else if err != nil {
@@ -67,7 +66,7 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 			return ErrKeyNotHeld
 		}
 		var h models.Operation
-		if err := a.forUpdate(tx).Where("id = ?", *k.HolderOperationID).Take(&h).Error; err != nil {
+		if err := a.st.lock(tx).Where("id = ?", *k.HolderOperationID).Take(&h).Error; err != nil {
 			return err
 		}
 		if !secretMatches(in.OwnerToken, h.OwnerTokenHash) {
@@ -86,20 +85,6 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 		return nil, storeError("release", err)
 	}
 	return out, nil
-}
-
-// releasable says whether an operation in state may give up its hold (SPEC.md §1.3, §4): only
-// when no effect is confirmed or in doubt.
-func releasable(state string) error {
-	switch state {
-	case StateInProgress, StateFailed:
-		return nil
-	case StateSucceeded:
-		return ErrEffectConfirmed
-	case StateUncertain:
-		return ErrOutcomeUncertain
-	}
-	return ErrInvalidTransition
 }
 
 // releaseHold moves h to released and clears the key's hold by compare on h.ID, so it can never
@@ -121,13 +106,4 @@ func releaseHold(tx *gorm.DB, h *models.Operation, now time.Time, reason *string
 	}
 	return tx.Create(&models.Event{OperationID: h.ID, TenantID: h.TenantID, Kind: EventReleased,
 		Actor: actor, Detail: detail, CreatedAt: now}).Error
-}
-
-// forUpdate locks the selected rows on PostgreSQL. SQLite needs no row locks: its immediate
-// transactions already hold the database's single write lock.
-func (a *Admission) forUpdate(tx *gorm.DB) *gorm.DB {
-	if a.db.Dialect == models.Postgres {
-		return tx.Clauses(clause.Locking{Strength: "UPDATE"})
-	}
-	return tx
 }

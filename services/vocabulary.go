@@ -25,3 +25,12 @@ const (
 	RoleOperator = "operator"
 	RoleAuditor  = "auditor"
 )
+
+// Event kinds, actors and reasons written to the event log.
+const (
+	EventStateChanged = "state_changed"
+	EventOutcome      = "outcome_recorded"
+	EventReleased     = "released"
+	ActorSystem       = "system"
+	ReasonTTLExpired  = "ttl_expired_without_outcome"
+)

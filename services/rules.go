@@ -1,0 +1,143 @@
+package services
+
+import (
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// The rules of the operation state machine (docs: states and guarantees), each decided here
+// once for both stores and for every caller: the API, the dashboard and the reaper. The
+// PostgreSQL function idemgate_acquire is the one other place that states the admission and
+// expiry rules, in SQL, because PostgreSQL must take that decision under row locks in one
+// round trip; TestAdmissionRulesAgree holds the two to the same answers.
+
+// holdIsLive reports whether a key row's hold is live at now: it names a holder and has not
+// expired. An expired hold that nobody cleared yet is not live: the next acquire takes the key
+// over and the reaper clears it.
+func holdIsLive(holder *string, expiresAt *time.Time, now time.Time) bool {
+	return holder != nil && expiresAt != nil && expiresAt.After(now)
+}
+
+// answerOnLiveHold decides an acquire of a key that holder h holds live. The same operation
+// name and fingerprint make a duplicate, any difference a conflict (422). An attempt_id retry
+// is admitted again (readmitted, 201 with a fresh owner token) only when it is the creating
+// API key's own retry and the operation is still in_progress: every key of a tenant can read
+// attempt_ids from the attempt log, and once the operation has an outcome a 201 would tell the
+// caller to run the effect twice.
+func answerOnLiveHold(h *models.Operation, in AcquireInput, apiKeyID int64) (result string, readmitted bool) {
+	switch {
+	case !sameOptional(h.OperationName, in.Operation) || !sameOptional(h.Fingerprint, in.Fingerprint):
+		return ResultConflict, false
+	case in.AttemptID != nil && h.AttemptID != nil && *h.AttemptID == *in.AttemptID &&
+		h.APIKeyID != nil && *h.APIKeyID == apiKeyID && h.State == StateInProgress:
+		return ResultAdmitted, true
+	}
+	return ResultDuplicate, false
+}
+
+// expiryDetail is the event detail of an expiry to uncertain, as every store writes it.
+const expiryDetail = "in_progress -> uncertain: " + ReasonTTLExpired
+
+// expireToUncertain applies the expiry rule to operation opID, whose hold expired at or before
+// now: still in_progress, its outcome is unknown, so it becomes uncertain (reason
+// ttl_expired_without_outcome) with an event, in tx. It never leaves the reconciliation queue
+// by itself. The state compare makes it a no-op for an operation that has an outcome;
+// expired reports whether it changed the operation. Used by the reaper and SQLite's takeover.
+func expireToUncertain(tx *gorm.DB, tenantID int64, opID string, now time.Time) (expired bool, err error) {
+	res := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", opID, StateInProgress).
+		Updates(map[string]any{"state": StateUncertain, "state_reason": ReasonTTLExpired})
+	if res.Error != nil || res.RowsAffected == 0 {
+		return false, res.Error
+	}
+	return true, tx.Create(&models.Event{OperationID: opID, TenantID: tenantID, Kind: EventStateChanged,
+		Actor: ActorSystem, Detail: expiryDetail, CreatedAt: now}).Error
+}
+
+// duplicateEffectStates are the states in which an operation's effect may have happened:
+// succeeded (confirmed) or uncertain (unknown). See mayDuplicateEffect.
+var duplicateEffectStates = []string{StateSucceeded, StateUncertain}
+
+// mayDuplicateEffect reports whether admitting a key again after an operation in state may
+// duplicate that operation's effect. Acquire tells the new attempt about such a previous
+// operation (previous_operation: check the destination first), the audit flags the admission
+// as a possible duplicate effect, and the operation page names the earlier operation. It is
+// judged by the earlier operation's state now: one later reconciled as failed flags nothing.
+func mayDuplicateEffect(state string) bool {
+	return state == StateSucceeded || state == StateUncertain
+}
+
+// releasable says whether an operation in state may give up its hold: only when no effect is
+// confirmed or in doubt. Errors: ErrEffectConfirmed (succeeded), ErrOutcomeUncertain
+// (uncertain: reconcile first), ErrInvalidTransition (released).
+func releasable(state string) error {
+	switch state {
+	case StateInProgress, StateFailed:
+		return nil
+	case StateSucceeded:
+		return ErrEffectConfirmed
+	case StateUncertain:
+		return ErrOutcomeUncertain
+	}
+	return ErrInvalidTransition
+}
+
+// reconcilable says whether an operator may record a confirmed outcome of an operation in
+// state: while its outcome is not known, in_progress or uncertain.
+func reconcilable(state string) bool {
+	return state == StateInProgress || state == StateUncertain
+}
+
+// outcomeMove is what recording an outcome does to an operation.
+type outcomeMove int
+
+const (
+	// moveNone: a repeat of the outcome already recorded; nothing changes and the call succeeds.
+	moveNone outcomeMove = iota
+	// moveRecord: write the outcome and move to its state (or to released, with release).
+	moveRecord
+	// moveReleaseFailed: a failed operation repeats its failed outcome with release; the
+	// recorded outcome is kept and only the hold is released.
+	moveReleaseFailed
+)
+
+// outcomeTransition decides recording outcome status on an operation in state: hasOutcome says
+// whether one is recorded, same whether it equals the new one (status, receipt and response),
+// release whether the caller also releases the hold. From in_progress every outcome is
+// recorded; from uncertain, a confirmed one reconciles it, and the caller's "uncertain"
+// details are recorded once; failed and the terminal states (succeeded, released) accept only a
+// repeat of their outcome (failed with release then releases). Errors: ErrInvalidTransition.
+func outcomeTransition(state string, hasOutcome, same bool, status string, release bool) (outcomeMove, error) {
+	switch state {
+	case StateInProgress:
+		return moveRecord, nil
+	case StateUncertain:
+		if status == StateUncertain && hasOutcome {
+			if same {
+				return moveNone, nil
+			}
+			return moveNone, ErrInvalidTransition
+		}
+		return moveRecord, nil
+	case StateFailed:
+		switch {
+		case !same:
+			return moveNone, ErrInvalidTransition
+		case release:
+			return moveReleaseFailed, nil
+		}
+		return moveNone, nil
+	}
+	if same {
+		return moveNone, nil
+	}
+	return moveNone, ErrInvalidTransition
+}
+
+func sameOptional(a, b *string) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
+}

@@ -1,0 +1,122 @@
+package services
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// store is the seam between the domain rules and the two databases idemgate runs on, in the
+// manner of River's riverdriver: everything that differs between PostgreSQL and SQLite sits
+// behind it, and the rest of this package is written once against GORM and this interface. The
+// rules themselves (which attempt is admitted, when an operation becomes uncertain, which moves
+// the state machine allows, what counts as a possible duplicate effect) are decided in rules.go;
+// a store only carries them out. The conformance suite is this package's tests, every one of
+// which runs on both stores (eachDB).
+type store interface {
+	// acquire decides one validated acquire in one transaction, by the rules of rules.go, and
+	// logs it as an attempt in that transaction. Errors are database errors (the caller maps
+	// them with storeError); the decision itself is never an error.
+	acquire(ctx context.Context, a acquireArgs) (decision, error)
+	// lock makes q's SELECT take the row locks a read-modify-write needs: FOR UPDATE on
+	// PostgreSQL; nothing on SQLite, whose immediate transactions already hold the database's
+	// single write lock from BEGIN.
+	lock(q *gorm.DB) *gorm.DB
+	// hourOf returns an SQL expression for the UTC hour of the timestamp column col as text
+	// "YYYY-MM-DD HH" (Go layout "2006-01-02 15"): the dialects truncate times differently.
+	hourOf(col string) string
+}
+
+// newStore returns the store for db's dialect: the one place services asks which database it
+// runs on.
+func newStore(db *models.DB) store {
+	if db.Dialect == models.Postgres {
+		return pgStore{db: db}
+	}
+	return sqliteStore{db: db}
+}
+
+// acquireArgs is one validated acquire as a store carries it out: the caller, the request, its
+// compacted metadata, and the id and owner-token hash the new operation gets if admitted
+// (chosen before the transaction, so a retried statement reuses them).
+type acquireArgs struct {
+	p         Principal
+	in        AcquireInput
+	meta      json.RawMessage
+	opID      string
+	ownerHash string
+}
+
+// decision is a store's answer to acquire, in domain values.
+type decision struct {
+	// result is ResultAdmitted (also for an attempt_id retry: readmitted), ResultDuplicate or
+	// ResultConflict.
+	result     string
+	readmitted bool
+	// op is the operation the attempt was answered about: the new (or re-admitted) one when
+	// admitted, the key's holder otherwise. Held is true: it holds the key.
+	op Operation
+	// prev is the key's previous operation when this admission took over a free or expired
+	// key that had one; nil otherwise. Acquire decides whether the caller is told about it.
+	prev *PreviousOperation
+}
+
+// operationFromModel maps a stored operation to the API's operation object; held says whether
+// it holds its key right now.
+func operationFromModel(m *models.Operation, held bool) Operation {
+	op := Operation{
+		ID: m.ID, Key: m.Key, Operation: m.OperationName, State: m.State, StateReason: m.StateReason,
+		FencingToken: m.FencingToken, CorrelationID: m.CorrelationID, Fingerprint: m.Fingerprint,
+		Metadata: rawJSON(m.Metadata), AcquiredAt: m.AcquiredAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Held: held,
+		ReleasedAt: utcPtr(m.ReleasedAt), ReleaseReason: m.ReleaseReason,
+		DuplicateAttempts: m.DuplicateAttempts, ConflictAttempts: m.ConflictAttempts,
+	}
+	if m.OutcomeStatus != nil {
+		op.Outcome = &Outcome{Status: *m.OutcomeStatus, Receipt: m.OutcomeReceipt, Response: rawJSON(m.OutcomeResponse),
+			Note: m.OutcomeNote, RecordedBy: deref(m.OutcomeBy), RecordedAt: derefTime(m.OutcomeAt)}
+	}
+	return op
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func rawJSON(s *string) json.RawMessage {
+	if s == nil {
+		return nil
+	}
+	return json.RawMessage(*s)
+}
+
+// jsonArg passes raw JSON as a text parameter (or NULL), which both drivers accept for
+// jsonb/text columns.
+func jsonArg(raw json.RawMessage) *string {
+	if raw == nil {
+		return nil
+	}
+	s := string(raw)
+	return &s
+}

@@ -1,0 +1,113 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// sqliteStore is the SQLite store: the same decisions as the PostgreSQL one, taken in Go by
+// the rules of rules.go inside one immediate transaction (the DSN sets _txlock=immediate, so
+// the write lock is taken at BEGIN and concurrent acquires queue on busy_timeout instead of
+// racing; no row locks are needed).
+type sqliteStore struct {
+	db *models.DB
+}
+
+func (sqliteStore) lock(q *gorm.DB) *gorm.DB { return q }
+
+func (sqliteStore) hourOf(col string) string { return "strftime('%Y-%m-%d %H', " + col + ")" }
+
+func (s sqliteStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
+	p, in := a.p, a.in
+	var d decision
+	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
+		d = decision{}
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		expires := now.Add(time.Duration(in.TTLSeconds) * time.Second)
+		newOp := models.Operation{
+			ID: a.opID, TenantID: p.TenantID, Key: in.Key, OperationName: in.Operation,
+			Fingerprint: in.Fingerprint, CorrelationID: in.CorrelationID, AttemptID: in.AttemptID,
+			APIKeyID: &p.APIKeyID, Metadata: jsonArg(a.meta), State: StateInProgress, OwnerTokenHash: a.ownerHash,
+			AcquiredAt: now, ExpiresAt: expires,
+		}
+		opID := newOp.ID
+		var k models.IdemKey
+		err := tx.Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
+		switch {
+		case errors.Is(err, gorm.ErrRecordNotFound):
+			newOp.FencingToken = 1
+			k = models.IdemKey{TenantID: p.TenantID, Key: in.Key, FencingToken: 1, HolderOperationID: &opID,
+				ExpiresAt: &expires, LastOperationID: opID, AcquiredAt: now}
+			if err := tx.Create(&k).Error; err != nil {
+				return err
+			}
+			if err := tx.Create(&newOp).Error; err != nil {
+				return err
+			}
+			d.result = ResultAdmitted
+		case err != nil:
+			return err
+		case holdIsLive(k.HolderOperationID, k.ExpiresAt, now):
+			var h models.Operation
+			if err := tx.Where("id = ?", *k.HolderOperationID).Take(&h).Error; err != nil {
+				return err
+			}
+			newOp = h
+			d.result, d.readmitted = answerOnLiveHold(&h, in, p.APIKeyID)
+			update := map[string]any{}
+			switch {
+			case d.readmitted:
+				update["owner_token_hash"] = a.ownerHash
+			case d.result == ResultConflict:
+				update["conflict_attempts"] = gorm.Expr("conflict_attempts + 1")
+			default:
+				update["duplicate_attempts"] = gorm.Expr("duplicate_attempts + 1")
+			}
+			if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(update).Error; err != nil {
+				return err
+			}
+		default:
+			if k.HolderOperationID != nil {
+				if _, err := expireToUncertain(tx, p.TenantID, *k.HolderOperationID, now); err != nil {
+					return err
+				}
+			}
+			var prev models.Operation
+			if err := tx.Where("id = ?", k.LastOperationID).Take(&prev).Error; err == nil {
+				d.prev = &PreviousOperation{ID: prev.ID, State: prev.State, FencingToken: prev.FencingToken,
+					OutcomeStatus: prev.OutcomeStatus, OutcomeReceipt: prev.OutcomeReceipt}
+			} else if !errors.Is(err, gorm.ErrRecordNotFound) {
+				return err
+			}
+			newOp.FencingToken = k.FencingToken + 1
+			if err := tx.Model(&models.IdemKey{}).Where("id = ?", k.ID).Updates(map[string]any{
+				"fencing_token": newOp.FencingToken, "holder_operation_id": opID, "expires_at": expires,
+				"last_operation_id": opID, "acquired_at": now,
+			}).Error; err != nil {
+				return err
+			}
+			if err := tx.Create(&newOp).Error; err != nil {
+				return err
+			}
+			d.result = ResultAdmitted
+		}
+		if err := tx.Create(&models.Attempt{
+			TenantID: p.TenantID, Key: in.Key, OperationID: &newOp.ID, Result: d.result,
+			AttemptID: in.AttemptID, OperationName: in.Operation, Fingerprint: in.Fingerprint,
+			CorrelationID: in.CorrelationID, Caller: p.Prefix, AttemptedAt: now,
+		}).Error; err != nil {
+			return err
+		}
+		var op models.Operation
+		if err := tx.Where("id = ?", newOp.ID).Take(&op).Error; err != nil {
+			return err
+		}
+		d.op = operationFromModel(&op, true)
+		return nil
+	})
+	return d, err
+}
