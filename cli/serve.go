@@ -50,7 +50,9 @@ func serve(ctx context.Context, env Env) error {
 		return err
 	}
 	srv := web.New(web.Config{
-		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
+		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Reads: services.NewReads(db),
+		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
+		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: web.NewSessionStorage(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 	})

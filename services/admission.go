@@ -149,4 +149,3 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	}
 	return acq, nil
 }
-

@@ -46,7 +46,7 @@ func TestAcquireFreeKeyThenDuplicateThenConflict(t *testing.T) {
 		_, err = b.adm.Acquire(ctx, b.p, in)
 		require.ErrorIs(t, err, ErrFingerprintMismatch)
 
-		page, err := b.adm.ListAttempts(ctx, b.p.TenantID, AttemptFilter{Key: "order-1"})
+		page, err := b.reads.ListAttempts(ctx, b.p.TenantID, AttemptFilter{Key: "order-1"})
 		require.NoError(t, err)
 		var results []string
 		for _, a := range page.Items {
@@ -107,7 +107,7 @@ func TestExpiredHoldIsReadmittedWithNextFencingToken(t *testing.T) {
 		require.Equal(t, first.OperationID, second.PreviousOperation.ID)
 		require.Equal(t, StateUncertain, second.PreviousOperation.State)
 
-		d, err := b.adm.GetOperation(ctx, b.p.TenantID, first.OperationID)
+		d, err := b.reads.GetOperation(ctx, b.p.TenantID, first.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, StateUncertain, d.State)
 		require.Equal(t, ReasonTTLExpired, *d.StateReason)
@@ -117,7 +117,7 @@ func TestExpiredHoldIsReadmittedWithNextFencingToken(t *testing.T) {
 		// The late release by the first attempt changes nothing.
 		_, err = b.adm.Release(ctx, b.p, ReleaseInput{Key: "k", OwnerToken: first.OwnerToken})
 		require.ErrorIs(t, err, ErrNotOwner)
-		k, err := b.adm.GetKey(ctx, b.p.TenantID, "k")
+		k, err := b.reads.GetKey(ctx, b.p.TenantID, "k")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, second.OperationID, k.Operation.ID)
@@ -259,7 +259,7 @@ func TestAttemptIDRetryReadmitsSameOperation(t *testing.T) {
 		_, err = b.adm.Acquire(bg, b.p, other)
 		require.ErrorIs(t, err, ErrFingerprintMismatch)
 
-		page, err := b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: "pay-1"})
+		page, err := b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: "pay-1"})
 		require.NoError(t, err)
 		var got []string
 		for _, a := range page.Items {
@@ -524,11 +524,11 @@ func TestConcurrentAcquireOfExpiredKey(t *testing.T) {
 			require.Equal(t, w.OperationID, d.Operation.ID)
 			require.EqualValues(t, 2, d.Operation.FencingToken)
 		}
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, old.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, old.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, StateUncertain, d.State)
 		require.Len(t, d.Events, 1)
-		k, err := b.adm.GetKey(bg, b.p.TenantID, "expired-race")
+		k, err := b.reads.GetKey(bg, b.p.TenantID, "expired-race")
 		require.NoError(t, err)
 		require.Equal(t, w.OperationID, k.Operation.ID)
 		require.EqualValues(t, n-1, k.Operation.DuplicateAttempts)
@@ -558,7 +558,7 @@ func TestListKeysAndAttempts(t *testing.T) {
 		cursor := ""
 		for pages := 0; ; pages++ {
 			require.Less(t, pages, 10)
-			page, err := b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Limit: 3, Cursor: cursor})
+			page, err := b.reads.ListKeys(bg, b.p.TenantID, KeyFilter{Limit: 3, Cursor: cursor})
 			require.NoError(t, err)
 			require.LessOrEqual(t, len(page.Items), 3)
 			for _, it := range page.Items {
@@ -571,14 +571,14 @@ func TestListKeysAndAttempts(t *testing.T) {
 		}
 		require.Equal(t, want, got)
 
-		page, err := b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{State: StateSucceeded})
+		page, err := b.reads.ListKeys(bg, b.p.TenantID, KeyFilter{State: StateSucceeded})
 		require.NoError(t, err)
 		require.Len(t, page.Items, 1)
 		require.Equal(t, "list-3", page.Items[0].Key)
-		page, err = b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even"})
+		page, err = b.reads.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even"})
 		require.NoError(t, err)
 		require.Len(t, page.Items, 4)
-		page, err = b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even", State: StateInProgress, Limit: 2})
+		page, err = b.reads.ListKeys(bg, b.p.TenantID, KeyFilter{Operation: "even", State: StateInProgress, Limit: 2})
 		require.NoError(t, err)
 		require.Equal(t, []string{"list-6", "list-4"}, []string{page.Items[0].Key, page.Items[1].Key})
 		require.NotEmpty(t, page.NextCursor)
@@ -587,7 +587,7 @@ func TestListKeysAndAttempts(t *testing.T) {
 			"limit too big": {Limit: MaxListLimit + 1}, "negative limit": {Limit: -1}, "bad state": {State: "done"},
 			"bad operation": {Operation: "a b"}, "bad cursor": {Cursor: "!!"}, "forged cursor": {Cursor: "bm9wZQ"},
 		} {
-			_, err := b.adm.ListKeys(bg, b.p.TenantID, f)
+			_, err := b.reads.ListKeys(bg, b.p.TenantID, f)
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
 		}
 
@@ -596,19 +596,19 @@ func TestListKeysAndAttempts(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "list-0", TTLSeconds: 60})
 		require.ErrorIs(t, err, ErrFingerprintMismatch)
-		atts, err := b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: "list-0"})
+		atts, err := b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: "list-0"})
 		require.NoError(t, err)
 		require.Len(t, atts.Items, 3)
 		require.Equal(t, ResultConflict, atts.Items[0].Result)
 		require.Equal(t, b.p.Prefix, atts.Items[0].Caller)
-		atts, err = b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Result: ResultDuplicate})
+		atts, err = b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Result: ResultDuplicate})
 		require.NoError(t, err)
 		require.Len(t, atts.Items, 1)
 		var ids []int64
 		cursor = ""
 		for pages := 0; ; pages++ {
 			require.Less(t, pages, 10)
-			p, err := b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Limit: 4, Cursor: cursor})
+			p, err := b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Limit: 4, Cursor: cursor})
 			require.NoError(t, err)
 			for _, a := range p.Items {
 				ids = append(ids, a.ID)
@@ -623,18 +623,18 @@ func TestListKeysAndAttempts(t *testing.T) {
 			require.Greater(t, ids[i-1], ids[i], "newest first, no repeats")
 		}
 		future := time.Now().Add(time.Hour)
-		atts, err = b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Since: &future})
+		atts, err = b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Since: &future})
 		require.NoError(t, err)
 		require.Empty(t, atts.Items)
 		past := time.Now().Add(-time.Hour)
-		atts, err = b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Since: &past, Limit: MaxListLimit})
+		atts, err = b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Since: &past, Limit: MaxListLimit})
 		require.NoError(t, err)
 		require.Len(t, atts.Items, 9)
 		for name, f := range map[string]AttemptFilter{
 			"limit too big": {Limit: MaxListLimit + 1}, "bad result": {Result: "ok"}, "bad key": {Key: "a\x00"},
 			"bad cursor": {Cursor: "x"}, "zero cursor": {Cursor: "0"},
 		} {
-			_, err := b.adm.ListAttempts(bg, b.p.TenantID, f)
+			_, err := b.reads.ListAttempts(bg, b.p.TenantID, f)
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
 		}
 	})

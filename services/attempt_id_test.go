@@ -11,7 +11,7 @@ import (
 // newestAttempt returns "result:attempt_id:caller" of the newest attempt logged for key.
 func newestAttempt(t *testing.T, b *testBundle, key string) string {
 	t.Helper()
-	page, err := b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: key})
+	page, err := b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: key})
 	require.NoError(t, err)
 	require.NotEmpty(t, page.Items)
 	a := page.Items[0]
@@ -40,11 +40,11 @@ func TestAttemptIDRetryAfterOutcomeIsDuplicate(t *testing.T) {
 				mustRecord(t, b, acq, OutcomeInput{Status: StateUncertain})
 			}},
 			{"operator failed", StateFailed, func(acq *Acquisition) {
-				_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "declined"})
+				_, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "declined"})
 				require.NoError(t, err)
 			}},
 			{"operator succeeded", StateSucceeded, func(acq *Acquisition) {
-				_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateSucceeded, Note: "seen at the PSP"})
+				_, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateSucceeded, Note: "seen at the PSP"})
 				require.NoError(t, err)
 			}},
 		}
@@ -107,7 +107,7 @@ func TestAttemptIDRetryRacingOutcomeNeverAdmitsAnOutcome(t *testing.T) {
 				defer wg.Done()
 				// The owner token may be replaced by a concurrent retry; the operator path
 				// needs none and records the outcome regardless.
-				_, errs[retriers] = b.adm.ReconcileOutcome(bg, operatorAcct(RoleOperator, &b.p.TenantID),
+				_, errs[retriers] = b.recon.ReconcileOutcome(bg, operatorAcct(RoleOperator, &b.p.TenantID),
 					first.OperationID, ReconcileInput{Status: StateSucceeded, Note: "race"})
 			}()
 			for i := 0; i < retriers; i++ {

@@ -58,6 +58,16 @@ type AuditGroup struct {
 	OperationID             string
 }
 
+// Audit reviews duplicate attempts for auditors (the dashboard's Audit page and its CSV
+// export): which keys were asked for more than once, and which admissions may have duplicated
+// an effect. Safe for concurrent use.
+type Audit struct {
+	reader
+}
+
+// NewAudit returns an Audit over db.
+func NewAudit(db *models.DB) *Audit { return &Audit{reader{db: db, st: newStore(db)}} }
+
 // possibleDuplicateEffectOf is the SQL condition "operation <op> was admitted while an earlier
 // operation of its key was in a state that may duplicate its effect" (mayDuplicateEffect;
 // AuditGroup.PossibleDuplicateEffect), for an operation id column op. The unique index on
@@ -100,9 +110,9 @@ type AuditRow struct {
 // resolved filter changes nothing, so callers may resolve first (to report a bad range before
 // streaming) and pass the result on. Errors: ErrInvalidRequest (fields "from", "to"),
 // ErrStoreUnavailable.
-func (a *Admission) ResolveAuditFilter(ctx context.Context, f AuditFilter) (AuditFilter, error) {
+func (au *Audit) ResolveFilter(ctx context.Context, f AuditFilter) (AuditFilter, error) {
 	if f.To.IsZero() {
-		now, err := a.db.Now(ctx, a.db.WithContext(ctx))
+		now, err := au.db.Now(ctx, au.db.WithContext(ctx))
 		if err != nil {
 			return f, storeError("audit", err)
 		}
@@ -124,12 +134,12 @@ func (a *Admission) ResolveAuditFilter(ctx context.Context, f AuditFilter) (Audi
 // auditScope resolves the tenant to audit: tenantID (the account's restriction) narrowed by
 // the filter's tenant name. ok is false when nothing can match (an unknown tenant name, or
 // another tenant than the account's), which answers an empty report without saying which.
-func (a *Admission) auditScope(ctx context.Context, tenantID *int64, name string) (scope *int64, ok bool, err error) {
+func (au *Audit) auditScope(ctx context.Context, tenantID *int64, name string) (scope *int64, ok bool, err error) {
 	if name == "" {
 		return tenantID, true, nil
 	}
 	var ts []models.Tenant
-	if err := a.db.WithContext(ctx).Where("name = ?", name).Limit(1).Find(&ts).Error; err != nil {
+	if err := au.db.WithContext(ctx).Where("name = ?", name).Limit(1).Find(&ts).Error; err != nil {
 		return nil, false, err
 	}
 	if len(ts) == 0 || (tenantID != nil && *tenantID != ts[0].ID) {
@@ -143,19 +153,19 @@ func (a *Admission) auditScope(ctx context.Context, tenantID *int64, name string
 // tenant when tenantID is nil (SPEC.md §5 "Audit"). At most
 // MaxAuditGroups groups, most recent last attempt first. Errors: ErrInvalidRequest (bad
 // range, see ResolveAuditFilter), ErrStoreUnavailable.
-func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {
-	f, err := a.ResolveAuditFilter(ctx, f)
+func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {
+	f, err := au.ResolveFilter(ctx, f)
 	if err != nil {
 		return nil, err
 	}
 	rep := &AuditReport{Filter: f, Groups: []AuditGroup{}}
-	scope, ok, err := a.auditScope(ctx, tenantID, f.Tenant)
+	scope, ok, err := au.auditScope(ctx, tenantID, f.Tenant)
 	if err != nil {
 		return nil, storeError("audit", err)
 	} else if !ok {
 		return rep, nil
 	}
-	tx := a.db.WithContext(ctx)
+	tx := au.db.WithContext(ctx)
 	// Like the Overview, this scans the range's attempts without an attempted_at index.
 	// Admissions are few per key but many in all: each is checked with index lookups only.
 	q := tx.Table("attempts a").
@@ -166,7 +176,7 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 			"MAX(CASE WHEN result <> ? THEN attempted_at END) AS last_at, "+
 			"MIN(attempted_at) AS first_any, MAX(attempted_at) AS last_any, MAX(id) AS last_id",
 			ResultDuplicate, ResultConflict, ResultAdmitted, ResultAdmitted).
-		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
+		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("au.operation_id")+"))",
 			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
 		Where("attempted_at >= ? AND attempted_at < ?", f.From, f.To).
 		Group("tenant_id, key").
@@ -244,8 +254,8 @@ func (a *Admission) Audit(ctx context.Context, tenantID *int64, f AuditFilter) (
 		return nil, storeError("audit", err)
 	}
 	lastOp := map[int64]string{}
-	for _, a := range last {
-		lastOp[a.ID] = deref(a.OperationID)
+	for _, at := range last {
+		lastOp[at.ID] = deref(at.OperationID)
 	}
 	for _, r := range rows {
 		g := AuditGroup{
@@ -277,13 +287,13 @@ const AuditExportBatch = 500
 // admission, and an export of any size runs in constant memory. Attempts logged while the
 // export runs may or may not be in it. An error from fn stops the export and is returned as
 // is. Errors: ErrInvalidRequest (bad range), ErrStoreUnavailable.
-func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditFilter, batchTimeout time.Duration, fn func(AuditRow) error) error {
-	f, err := a.ResolveAuditFilter(ctx, f)
+func (au *Audit) Attempts(ctx context.Context, tenantID *int64, f AuditFilter, batchTimeout time.Duration, fn func(AuditRow) error) error {
+	f, err := au.ResolveFilter(ctx, f)
 	if err != nil {
 		return err
 	}
 	sctx, cancel := withTimeout(ctx, batchTimeout)
-	scope, ok, err := a.auditScope(sctx, tenantID, f.Tenant)
+	scope, ok, err := au.auditScope(sctx, tenantID, f.Tenant)
 	cancel()
 	if err != nil {
 		return storeError("audit export", err)
@@ -292,7 +302,7 @@ func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditF
 	}
 	var after int64
 	for {
-		batch, last, err := a.auditAttemptsBatch(ctx, batchTimeout, scope, f, after)
+		batch, last, err := au.auditAttemptsBatch(ctx, batchTimeout, scope, f, after)
 		if err != nil {
 			return storeError("audit export", err)
 		}
@@ -311,21 +321,21 @@ func (a *Admission) AuditAttempts(ctx context.Context, tenantID *int64, f AuditF
 // auditAttemptsBatch reads the next AuditExportBatch attempts of the export with an id above
 // after, and returns them with the last one's id. Keyset paging on the primary key: each batch
 // continues the index walk where the previous one stopped, so the export reads the table once.
-func (a *Admission) auditAttemptsBatch(ctx context.Context, timeout time.Duration, scope *int64, f AuditFilter, after int64) ([]AuditRow, int64, error) {
+func (au *Audit) auditAttemptsBatch(ctx context.Context, timeout time.Duration, scope *int64, f AuditFilter, after int64) ([]AuditRow, int64, error) {
 	ctx, cancel := withTimeout(ctx, timeout)
 	defer cancel()
-	q := a.db.WithContext(ctx).Table("attempts a").
-		Select("a.id, t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
-			"CASE WHEN "+possibleDuplicateEffectOf("a.operation_id")+" THEN 1 ELSE 0 END AS pde").
-		Joins("JOIN tenants t ON t.id = a.tenant_id").
-		Where("a.id > ?", after).
-		Where("(a.result IN ? OR (a.result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
+	q := au.db.WithContext(ctx).Table("attempts a").
+		Select("au.id, t.name, au.key, au.attempted_at, au.result, au.operation_id, au.attempt_id, au.caller, au.fingerprint, au.correlation_id, "+
+			"CASE WHEN "+possibleDuplicateEffectOf("au.operation_id")+" THEN 1 ELSE 0 END AS pde").
+		Joins("JOIN tenants t ON t.id = au.tenant_id").
+		Where("au.id > ?", after).
+		Where("(au.result IN ? OR (au.result = ? AND "+possibleDuplicateEffectOf("au.operation_id")+"))",
 			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
-		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
-		Order("a.id").
+		Where("au.attempted_at >= ? AND au.attempted_at < ?", f.From, f.To).
+		Order("au.id").
 		Limit(AuditExportBatch)
 	if scope != nil {
-		q = q.Where("a.tenant_id = ?", *scope)
+		q = q.Where("au.tenant_id = ?", *scope)
 	}
 	rows, err := q.Rows()
 	if err != nil {

@@ -40,7 +40,7 @@ func TestAuditGroupsAndFlags(t *testing.T) {
 			require.NoError(t, err)
 		}
 
-		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{})
+		rep, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{})
 		require.NoError(t, err)
 		require.False(t, rep.Truncated)
 		require.Equal(t, DefaultAuditSpan, rep.Filter.To.Sub(rep.Filter.From))
@@ -63,28 +63,28 @@ func TestAuditGroupsAndFlags(t *testing.T) {
 		require.Equal(t, time.UTC, g.FirstAt.Location())
 
 		// Filter by tenant name: the own tenant's name matches, another one empties the report.
-		named, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{Tenant: g.TenantName})
+		named, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{Tenant: g.TenantName})
 		require.NoError(t, err)
 		require.Len(t, named.Groups, 2)
 		var otherName string
 		require.NoError(t, b.db.Model(&models.Tenant{}).Where("id = ?", other.TenantID).Pluck("name", &otherName).Error)
-		none, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{Tenant: otherName})
+		none, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{Tenant: otherName})
 		require.NoError(t, err)
 		require.Empty(t, none.Groups)
-		global, err := b.adm.Audit(bg, nil, AuditFilter{Tenant: otherName})
+		global, err := b.audit.Report(bg, nil, AuditFilter{Tenant: otherName})
 		require.NoError(t, err)
 		require.Len(t, global.Groups, 1)
 		require.EqualValues(t, 2, global.Groups[0].Duplicates)
 
 		// A range that ended before the attempts holds none of them.
-		old, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{From: start.Add(-2 * time.Hour), To: start})
+		old, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{From: start.Add(-2 * time.Hour), To: start})
 		require.NoError(t, err)
 		require.Empty(t, old.Groups)
 
 		// The export streams one row per duplicate or conflicting attempt, and the admission
 		// that was a possible duplicate effect, oldest first.
 		var rows []AuditRow
-		require.NoError(t, b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, 0, func(r AuditRow) error {
+		require.NoError(t, b.audit.Attempts(bg, &b.p.TenantID, AuditFilter{}, 0, func(r AuditRow) error {
 			rows = append(rows, r)
 			return nil
 		}))
@@ -108,7 +108,7 @@ func TestAuditGroupsAndFlags(t *testing.T) {
 		// An error from fn stops the export.
 		stop := errors.New("stop")
 		n := 0
-		err = b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, 0, func(AuditRow) error { n++; return stop })
+		err = b.audit.Attempts(bg, &b.p.TenantID, AuditFilter{}, 0, func(AuditRow) error { n++; return stop })
 		require.ErrorIs(t, err, stop)
 		require.Equal(t, 1, n)
 	})
@@ -123,12 +123,12 @@ func TestAuditRejectsBadRanges(t *testing.T) {
 			"empty range":    {From: now, To: now},
 			"over 31 days":   {From: now.Add(-MaxAuditSpan - time.Second), To: now},
 		} {
-			_, err := b.adm.Audit(bg, &b.p.TenantID, f)
+			_, err := b.audit.Report(bg, &b.p.TenantID, f)
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
-			err = b.adm.AuditAttempts(bg, &b.p.TenantID, f, 0, func(AuditRow) error { return nil })
+			err = b.audit.Attempts(bg, &b.p.TenantID, f, 0, func(AuditRow) error { return nil })
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
 		}
-		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{From: now.Add(-MaxAuditSpan), To: now})
+		rep, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{From: now.Add(-MaxAuditSpan), To: now})
 		require.NoError(t, err)
 		require.Empty(t, rep.Groups)
 	})
@@ -160,7 +160,7 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 			}
 		}
 
-		rep, err := b.adm.Audit(bg, &b.p.TenantID, AuditFilter{})
+		rep, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{})
 		require.NoError(t, err)
 		got := map[string]AuditGroup{}
 		for _, g := range rep.Groups {
@@ -176,7 +176,7 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 		}
 
 		var rows []AuditRow
-		require.NoError(t, b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, 0, func(r AuditRow) error {
+		require.NoError(t, b.audit.Attempts(bg, &b.p.TenantID, AuditFilter{}, 0, func(r AuditRow) error {
 			rows = append(rows, r)
 			return nil
 		}))
@@ -190,7 +190,7 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 		// The detail page's warning names the earlier operation, and only on the later one.
 		acct := &OperatorAccount{Username: "auditor", Role: RoleAuditor, TenantID: &b.p.TenantID}
 		for k := range first {
-			d, err := b.adm.OperationForOperator(bg, acct, second[k].OperationID)
+			d, err := b.dash.OperationForOperator(bg, acct, second[k].OperationID)
 			require.NoError(t, err)
 			var ids []string
 			for _, g := range d.PossibleDuplicateOf {
@@ -201,7 +201,7 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 			} else {
 				require.Empty(t, ids, k)
 			}
-			d, err = b.adm.OperationForOperator(bg, acct, first[k].OperationID)
+			d, err = b.dash.OperationForOperator(bg, acct, first[k].OperationID)
 			require.NoError(t, err)
 			require.Empty(t, d.PossibleDuplicateOf, k)
 		}
@@ -223,7 +223,7 @@ func TestAuditExportPagesThroughEveryRow(t *testing.T) {
 		}
 		require.NoError(t, b.db.CreateInBatches(rows, 200).Error)
 		var keys []string
-		require.NoError(t, b.adm.AuditAttempts(bg, &b.p.TenantID, AuditFilter{}, time.Minute, func(r AuditRow) error {
+		require.NoError(t, b.audit.Attempts(bg, &b.p.TenantID, AuditFilter{}, time.Minute, func(r AuditRow) error {
 			keys = append(keys, r.Key)
 			return nil
 		}))

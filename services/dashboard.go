@@ -7,6 +7,16 @@ import (
 	"github.com/idemgate/idemgate/models"
 )
 
+// Dashboard answers the operator dashboard's reads, across tenants for a global account: the
+// overview, the key list, the reconciliation queue, an operation's detail page and tenant
+// names. Its writes are Reconciliation's; its audit is Audit's. Safe for concurrent use.
+type Dashboard struct {
+	reader
+}
+
+// NewDashboard returns a Dashboard over db.
+func NewDashboard(db *models.DB) *Dashboard { return &Dashboard{reader{db: db, st: newStore(db)}} }
+
 // TenantKeyView is a key as the dashboard lists it: the key and its newest operation, plus the
 // tenant it belongs to (global accounts see every tenant's keys side by side).
 type TenantKeyView struct {
@@ -29,12 +39,12 @@ type OperatorKeyPage struct {
 // same keyset pagination and filters as ListKeys. tenantID nil (a global account) lists the
 // keys of every tenant; otherwise only that tenant's (SPEC.md §5). Errors: ErrInvalidRequest
 // (bad limit, state, operation or cursor), ErrStoreUnavailable.
-func (a *Admission) ListKeysForOperator(ctx context.Context, tenantID *int64, f KeyFilter) (*OperatorKeyPage, error) {
-	page, ks, now, err := a.listKeys(ctx, tenantID, f)
+func (ds *Dashboard) ListKeysForOperator(ctx context.Context, tenantID *int64, f KeyFilter) (*OperatorKeyPage, error) {
+	page, ks, now, err := ds.listKeys(ctx, tenantID, f)
 	if err != nil {
 		return nil, err
 	}
-	names, err := a.tenantNames(ctx, ks)
+	names, err := ds.tenantNames(ctx, ks)
 	if err != nil {
 		return nil, storeError("list keys", err)
 	}
@@ -47,9 +57,9 @@ func (a *Admission) ListKeysForOperator(ctx context.Context, tenantID *int64, f 
 }
 
 // TenantName returns the name of tenant id. Errors: ErrNotFound, ErrStoreUnavailable.
-func (a *Admission) TenantName(ctx context.Context, id int64) (string, error) {
+func (ds *Dashboard) TenantName(ctx context.Context, id int64) (string, error) {
 	var ts []models.Tenant
-	if err := a.db.WithContext(ctx).Where("id = ?", id).Limit(1).Find(&ts).Error; err != nil {
+	if err := ds.db.WithContext(ctx).Where("id = ?", id).Limit(1).Find(&ts).Error; err != nil {
 		return "", storeError("get tenant", err)
 	}
 	if len(ts) == 0 {
@@ -59,7 +69,7 @@ func (a *Admission) TenantName(ctx context.Context, id int64) (string, error) {
 }
 
 // tenantNames maps the tenant ids of ks to tenant names with one query for the page.
-func (a *Admission) tenantNames(ctx context.Context, ks []models.IdemKey) (map[int64]string, error) {
+func (r *reader) tenantNames(ctx context.Context, ks []models.IdemKey) (map[int64]string, error) {
 	names := map[int64]string{}
 	if len(ks) == 0 {
 		return names, nil
@@ -73,7 +83,7 @@ func (a *Admission) tenantNames(ctx context.Context, ks []models.IdemKey) (map[i
 		}
 	}
 	var ts []models.Tenant
-	if err := a.db.WithContext(ctx).Where("id IN ?", ids).Find(&ts).Error; err != nil {
+	if err := r.db.WithContext(ctx).Where("id IN ?", ids).Find(&ts).Error; err != nil {
 		return nil, err
 	}
 	for _, t := range ts {

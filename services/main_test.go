@@ -18,6 +18,10 @@ func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
 type testBundle struct {
 	db     *models.DB
 	adm    *Admission
+	reads  *Reads
+	recon  *Reconciliation
+	dash   *Dashboard
+	audit  *Audit
 	reaper *Reaper
 	auth   *Auth
 	p      Principal
@@ -30,7 +34,8 @@ func eachDB(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			b := &testBundle{
-				db: db, adm: NewAdmission(db, log, 0), reaper: NewReaper(db, log, 0), auth: NewAuth(db, log),
+				db: db, adm: NewAdmission(db, log, 0), reads: NewReads(db), recon: NewReconciliation(db),
+				dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: NewAuth(db, log),
 				p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
 			}
 			fn(t, b)

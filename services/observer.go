@@ -67,6 +67,13 @@ func (a *Admission) WithObserver(o Observer) *Admission {
 	return &c
 }
 
+// WithObserver returns a copy of rc that reports its decisions to o (nil: to nobody).
+func (rc *Reconciliation) WithObserver(o Observer) *Reconciliation {
+	c := *rc
+	c.obs = orNop(o)
+	return &c
+}
+
 // WithObserver returns a copy of r that reports its passes to o (nil: to nobody).
 func (r *Reaper) WithObserver(o Observer) *Reaper {
 	c := *r

@@ -92,15 +92,16 @@ func TestObserverSeesDecisionsOnly(t *testing.T) {
 			"release api released",
 		}, rec.take())
 
+		recon := b.recon.WithObserver(rec)
 		auditor := &OperatorAccount{Username: "aud", Role: RoleAuditor}
-		_, err = adm.OperatorRelease(bg, auditor, acq.OperationID, OperatorReleaseInput{OperationID: acq.OperationID,
+		_, err = recon.OperatorRelease(bg, auditor, acq.OperationID, OperatorReleaseInput{OperationID: acq.OperationID,
 			FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrUnauthorized)
 		operator := &OperatorAccount{Username: "op", Role: RoleOperator}
-		_, err = adm.OperatorRelease(bg, operator, acq.OperationID, OperatorReleaseInput{OperationID: acq.OperationID,
+		_, err = recon.OperatorRelease(bg, operator, acq.OperationID, OperatorReleaseInput{OperationID: acq.OperationID,
 			FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrKeyNotHeld)
-		_, err = adm.ReconcileOutcome(bg, operator, acq.OperationID, ReconcileInput{Status: StateSucceeded, Note: "n"})
+		_, err = recon.ReconcileOutcome(bg, operator, acq.OperationID, ReconcileInput{Status: StateSucceeded, Note: "n"})
 		require.ErrorIs(t, err, ErrInvalidTransition)
 		require.Equal(t, []string{"release operator key_not_held", "outcome operator succeeded invalid_transition"}, rec.take())
 

@@ -31,7 +31,7 @@ func TestReconcileOutcomeTransitions(t *testing.T) {
 
 		// uncertain -> succeeded, recorded as the operator with a receipt and an event.
 		unc := makeUncertain(t, b, "rec/uncertain")
-		op, err := b.adm.ReconcileOutcome(bg, acct, unc.OperationID, ReconcileInput{
+		op, err := b.recon.ReconcileOutcome(bg, acct, unc.OperationID, ReconcileInput{
 			Status: StateSucceeded, Receipt: ptr("ch_123"), Note: "checked the PSP dashboard"})
 		require.NoError(t, err)
 		require.Equal(t, StateSucceeded, op.State)
@@ -39,7 +39,7 @@ func TestReconcileOutcomeTransitions(t *testing.T) {
 		require.Equal(t, acct.Username, op.Outcome.RecordedBy)
 		require.Equal(t, "ch_123", deref(op.Outcome.Receipt))
 		require.Equal(t, "checked the PSP dashboard", deref(op.Outcome.Note))
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, unc.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, unc.OperationID)
 		require.NoError(t, err)
 		last := d.Events[len(d.Events)-1]
 		require.Equal(t, EventOutcome, last.Kind)
@@ -48,7 +48,7 @@ func TestReconcileOutcomeTransitions(t *testing.T) {
 
 		// in_progress -> failed; the hold stays (release is its own, owner-checked step).
 		run := mustAcquire(t, b, "rec/running", 60)
-		op, err = b.adm.ReconcileOutcome(bg, acct, run.OperationID, ReconcileInput{Status: StateFailed, Note: "declined"})
+		op, err = b.recon.ReconcileOutcome(bg, acct, run.OperationID, ReconcileInput{Status: StateFailed, Note: "declined"})
 		require.NoError(t, err)
 		require.Equal(t, StateFailed, op.State)
 		require.True(t, op.Held)
@@ -57,14 +57,14 @@ func TestReconcileOutcomeTransitions(t *testing.T) {
 		// released.
 		for _, id := range []string{run.OperationID, unc.OperationID} {
 			before := snapshot(t, b, id)
-			_, err = b.adm.ReconcileOutcome(bg, acct, id, ReconcileInput{Status: StateSucceeded, Note: "again"})
+			_, err = b.recon.ReconcileOutcome(bg, acct, id, ReconcileInput{Status: StateSucceeded, Note: "again"})
 			require.ErrorIs(t, err, ErrInvalidTransition)
 			require.Equal(t, before, snapshot(t, b, id))
 		}
 		rel := mustAcquire(t, b, "rec/released", 60)
 		_, err = release(b, rel)
 		require.NoError(t, err)
-		_, err = b.adm.ReconcileOutcome(bg, acct, rel.OperationID, ReconcileInput{Status: StateFailed, Note: "x"})
+		_, err = b.recon.ReconcileOutcome(bg, acct, rel.OperationID, ReconcileInput{Status: StateFailed, Note: "x"})
 		require.ErrorIs(t, err, ErrInvalidTransition)
 	})
 }
@@ -74,7 +74,7 @@ func TestReconcileOutcomeKeepsStoredResponse(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "rec/resp", 60)
 		mustRecord(t, b, acq, OutcomeInput{Status: StateUncertain, Response: []byte(`{"psp":"timeout"}`)})
-		op, err := b.adm.ReconcileOutcome(bg, operatorAcct(RoleAdmin, nil), acq.OperationID,
+		op, err := b.recon.ReconcileOutcome(bg, operatorAcct(RoleAdmin, nil), acq.OperationID,
 			ReconcileInput{Status: StateSucceeded, Note: "found it"})
 		require.NoError(t, err)
 		require.Equal(t, StateSucceeded, op.State)
@@ -105,10 +105,10 @@ func TestOperatorActionsValidation(t *testing.T) {
 			{Status: StateSucceeded, Note: "  \n "},
 			{Status: StateSucceeded, Note: strings.Repeat("n", MaxNoteChars+1)},
 		} {
-			_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
+			_, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, in)
 			require.Equal(t, []string{"note"}, fieldsOf(err))
 		}
-		_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: "uncertain", Note: "n",
+		_, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: "uncertain", Note: "n",
 			Receipt: ptr(strings.Repeat("r", MaxReceiptChars+1))})
 		require.Equal(t, []string{"status", "receipt"}, fieldsOf(err))
 
@@ -117,10 +117,10 @@ func TestOperatorActionsValidation(t *testing.T) {
 			{OperationID: acq.OperationID, FencingToken: 1, Reason: " "},
 			{OperationID: acq.OperationID, FencingToken: 1, Reason: strings.Repeat("r", MaxReasonChars+1)},
 		} {
-			_, err := b.adm.OperatorRelease(bg, acct, acq.OperationID, in)
+			_, err := b.recon.OperatorRelease(bg, acct, acq.OperationID, in)
 			require.Equal(t, []string{"reason"}, fieldsOf(err))
 		}
-		_, err = b.adm.OperatorRelease(bg, acct, acq.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, acq.OperationID,
 			OperatorReleaseInput{OperationID: other.OperationID, FencingToken: 0, Reason: "r"})
 		require.Equal(t, []string{"operation_id", "fencing_token"}, fieldsOf(err))
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
@@ -134,15 +134,15 @@ func TestOperatorActionsRefuseAuditors(t *testing.T) {
 		acq := mustAcquire(t, b, "aud/op", 60)
 		before := snapshot(t, b, acq.OperationID)
 		for _, acct := range []*OperatorAccount{operatorAcct(RoleAuditor, nil), {Username: "x", Role: "bogus"}, nil} {
-			_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "n"})
+			_, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "n"})
 			require.ErrorIs(t, err, ErrUnauthorized)
-			_, err = b.adm.OperatorRelease(bg, acct, acq.OperationID,
+			_, err = b.recon.OperatorRelease(bg, acct, acq.OperationID,
 				OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "r"})
 			require.ErrorIs(t, err, ErrUnauthorized)
 		}
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
 		// Reading is allowed.
-		d, err := b.adm.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
+		d, err := b.dash.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, acq.OperationID, d.ID)
 	})
@@ -156,22 +156,22 @@ func TestOperatorTenantScope(t *testing.T) {
 		restricted := operatorAcct(RoleOperator, &other.TenantID)
 		before := snapshot(t, b, acq.OperationID)
 
-		_, err := b.adm.OperationForOperator(bg, restricted, acq.OperationID)
+		_, err := b.dash.OperationForOperator(bg, restricted, acq.OperationID)
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.adm.ReconcileOutcome(bg, restricted, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "n"})
+		_, err = b.recon.ReconcileOutcome(bg, restricted, acq.OperationID, ReconcileInput{Status: StateFailed, Note: "n"})
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.adm.OperatorRelease(bg, restricted, acq.OperationID,
+		_, err = b.recon.OperatorRelease(bg, restricted, acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrNotFound)
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
 		for _, id := range []string{"not-a-uuid", "00000000-0000-4000-8000-000000000000"} {
-			_, err = b.adm.OperationForOperator(bg, restricted, id)
+			_, err = b.dash.OperationForOperator(bg, restricted, id)
 			require.ErrorIs(t, err, ErrNotFound)
 		}
 
 		// The own tenant's account and a global one see it.
 		for _, acct := range []*OperatorAccount{operatorAcct(RoleAuditor, &b.p.TenantID), operatorAcct(RoleAuditor, nil)} {
-			d, err := b.adm.OperationForOperator(bg, acct, strings.ToUpper(acq.OperationID))
+			d, err := b.dash.OperationForOperator(bg, acct, strings.ToUpper(acq.OperationID))
 			require.NoError(t, err)
 			require.Equal(t, acq.OperationID, d.ID)
 			require.Equal(t, b.p.TenantID, d.TenantID)
@@ -186,7 +186,7 @@ func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 		acct := operatorAcct(RoleAuditor, nil)
 		first, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "gen/k", TTLSeconds: 1, AttemptID: ptr("try-1")})
 		require.NoError(t, err)
-		d, err := b.adm.OperationForOperator(bg, acct, first.OperationID)
+		d, err := b.dash.OperationForOperator(bg, acct, first.OperationID)
 		require.NoError(t, err)
 		require.True(t, d.HoldsKey)
 		require.True(t, d.Held)
@@ -198,7 +198,7 @@ func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, second.Admitted)
 
-		d, err = b.adm.OperationForOperator(bg, acct, first.OperationID)
+		d, err = b.dash.OperationForOperator(bg, acct, first.OperationID)
 		require.NoError(t, err)
 		require.False(t, d.HoldsKey)
 		require.False(t, d.Held)
@@ -216,7 +216,7 @@ func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 		// A released key has no holder.
 		_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: "gen/k", OwnerToken: second.OwnerToken})
 		require.NoError(t, err)
-		d, err = b.adm.OperationForOperator(bg, acct, second.OperationID)
+		d, err = b.dash.OperationForOperator(bg, acct, second.OperationID)
 		require.NoError(t, err)
 		require.Nil(t, d.Holder)
 		require.False(t, d.HoldsKey)
@@ -230,20 +230,20 @@ func TestOperatorRelease(t *testing.T) {
 
 		// in_progress, held: released by compare on the operation, event names the operator.
 		acq := mustAcquire(t, b, "orel/ok", 60)
-		op, err := b.adm.OperatorRelease(bg, acct, acq.OperationID,
+		op, err := b.recon.OperatorRelease(bg, acct, acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "worker crashed"})
 		require.NoError(t, err)
 		require.Equal(t, StateReleased, op.State)
 		require.Equal(t, "worker crashed", deref(op.ReleaseReason))
 		require.Nil(t, keyRow(t, b, "orel/ok").HolderOperationID)
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, acq.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, acct.Username, d.Events[len(d.Events)-1].Actor)
 		require.Equal(t, "in_progress -> released: worker crashed", d.Events[len(d.Events)-1].Detail)
 
 		// Again: nobody holds it, nothing changes.
 		before := snapshot(t, b, acq.OperationID)
-		_, err = b.adm.OperatorRelease(bg, acct, acq.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "again"})
 		require.ErrorIs(t, err, ErrKeyNotHeld)
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
@@ -251,7 +251,7 @@ func TestOperatorRelease(t *testing.T) {
 		// failed and still held: releasable.
 		failed := mustAcquire(t, b, "orel/failed", 60)
 		mustRecord(t, b, failed, OutcomeInput{Status: StateFailed})
-		op, err = b.adm.OperatorRelease(bg, acct, failed.OperationID,
+		op, err = b.recon.OperatorRelease(bg, acct, failed.OperationID,
 			OperatorReleaseInput{OperationID: failed.OperationID, FencingToken: 1, Reason: "declined, free the key"})
 		require.NoError(t, err)
 		require.Equal(t, StateReleased, op.State)
@@ -261,7 +261,7 @@ func TestOperatorRelease(t *testing.T) {
 		done := mustAcquire(t, b, "orel/done", 60)
 		mustRecord(t, b, done, OutcomeInput{Status: StateSucceeded})
 		before = snapshot(t, b, done.OperationID)
-		_, err = b.adm.OperatorRelease(bg, acct, done.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, done.OperationID,
 			OperatorReleaseInput{OperationID: done.OperationID, FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrEffectConfirmed)
 		require.Equal(t, before, snapshot(t, b, done.OperationID))
@@ -270,7 +270,7 @@ func TestOperatorRelease(t *testing.T) {
 		unc := mustAcquire(t, b, "orel/unc", 60)
 		mustRecord(t, b, unc, OutcomeInput{Status: StateUncertain})
 		before = snapshot(t, b, unc.OperationID)
-		_, err = b.adm.OperatorRelease(bg, acct, unc.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, unc.OperationID,
 			OperatorReleaseInput{OperationID: unc.OperationID, FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, ErrOutcomeUncertain)
 		require.Equal(t, before, snapshot(t, b, unc.OperationID))
@@ -278,7 +278,7 @@ func TestOperatorRelease(t *testing.T) {
 		// Fencing token other than the hold's: refused, nothing changes.
 		held := mustAcquire(t, b, "orel/fence", 60)
 		before = snapshot(t, b, held.OperationID)
-		_, err = b.adm.OperatorRelease(bg, acct, held.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, held.OperationID,
 			OperatorReleaseInput{OperationID: held.OperationID, FencingToken: 2, Reason: "r"})
 		require.ErrorIs(t, err, ErrNotOwner)
 		require.Equal(t, before, snapshot(t, b, held.OperationID))
@@ -292,11 +292,11 @@ func TestOperatorReleaseExpiredHold(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "orel/expired", 1)
 		waitExpiry()
-		d, err := b.adm.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
+		d, err := b.dash.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
 		require.NoError(t, err)
 		require.True(t, d.HoldsKey)
 		require.False(t, d.Held)
-		op, err := b.adm.OperatorRelease(bg, operatorAcct(RoleOperator, nil), acq.OperationID,
+		op, err := b.recon.OperatorRelease(bg, operatorAcct(RoleOperator, nil), acq.OperationID,
 			OperatorReleaseInput{OperationID: acq.OperationID, FencingToken: 1, Reason: "crashed, cleaning up"})
 		require.NoError(t, err)
 		require.Equal(t, StateReleased, op.State)
@@ -312,7 +312,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acct := operatorAcct(RoleOperator, nil)
 		a := mustAcquire(t, b, "race/k", 1)
-		seen, err := b.adm.OperationForOperator(bg, acct, a.OperationID)
+		seen, err := b.dash.OperationForOperator(bg, acct, a.OperationID)
 		require.NoError(t, err)
 		require.True(t, seen.HoldsKey)
 		waitExpiry()
@@ -321,7 +321,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 		require.True(t, bAcq.Admitted)
 		beforeA, beforeB := snapshot(t, b, a.OperationID), snapshot(t, b, bAcq.OperationID)
 
-		_, err = b.adm.OperatorRelease(bg, acct, a.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, a.OperationID,
 			OperatorReleaseInput{OperationID: a.OperationID, FencingToken: seen.FencingToken, Reason: "stuck"})
 		require.ErrorIs(t, err, ErrNotOwner)
 		var held *HeldByAnotherError
@@ -334,7 +334,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 
 		require.Equal(t, beforeA, snapshot(t, b, a.OperationID))
 		require.Equal(t, beforeB, snapshot(t, b, bAcq.OperationID))
-		k, err := b.adm.GetKey(bg, b.p.TenantID, "race/k")
+		k, err := b.reads.GetKey(bg, b.p.TenantID, "race/k")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, bAcq.OperationID, k.Operation.ID)
@@ -342,7 +342,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 		// B releases the key: now nobody holds it.
 		_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: "race/k", OwnerToken: bAcq.OwnerToken})
 		require.NoError(t, err)
-		_, err = b.adm.OperatorRelease(bg, acct, a.OperationID,
+		_, err = b.recon.OperatorRelease(bg, acct, a.OperationID,
 			OperatorReleaseInput{OperationID: a.OperationID, FencingToken: 1, Reason: "stuck"})
 		require.ErrorIs(t, err, ErrKeyNotHeld)
 	})
@@ -356,15 +356,15 @@ func TestReconcileOutcomeRepeatIsNoOp(t *testing.T) {
 		acct := operatorAcct(RoleOperator, &b.p.TenantID)
 		acq := mustAcquire(t, b, "reconcile-twice", 60)
 		in := ReconcileInput{Status: StateSucceeded, Receipt: ptr("rcpt-9"), Note: "checked the PSP dashboard"}
-		_, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
+		_, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, in)
 		require.NoError(t, err)
 		before := snapshot(t, b, acq.OperationID)
-		op, err := b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
+		op, err := b.recon.ReconcileOutcome(bg, acct, acq.OperationID, in)
 		require.NoError(t, err)
 		require.Equal(t, StateSucceeded, op.State)
 		require.Equal(t, before, snapshot(t, b, acq.OperationID), "the repeat changed nothing")
 		in.Receipt = ptr("rcpt-other")
-		_, err = b.adm.ReconcileOutcome(bg, acct, acq.OperationID, in)
+		_, err = b.recon.ReconcileOutcome(bg, acct, acq.OperationID, in)
 		require.ErrorIs(t, err, ErrInvalidTransition)
 	})
 }

@@ -35,7 +35,7 @@ func TestOutcomeRecordsAndStoresResponse(t *testing.T) {
 		require.Equal(t, "ch_123", deref(dup.Operation.Outcome.Receipt))
 		require.JSONEq(t, `{"charge":"ch_123","amount":100}`, string(dup.Operation.Outcome.Response))
 
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, acq.OperationID)
 		require.NoError(t, err)
 		require.Len(t, d.Events, 1)
 		require.Equal(t, EventOutcome, d.Events[0].Kind)
@@ -193,12 +193,12 @@ func TestOutcomeNotFound(t *testing.T) {
 		} {
 			_, err := b.adm.RecordOutcome(bg, b.p, id, in)
 			require.ErrorIs(t, err, ErrNotFound, name)
-			_, err = b.adm.GetOperation(bg, b.p.TenantID, id)
+			_, err = b.reads.GetOperation(bg, b.p.TenantID, id)
 			require.ErrorIs(t, err, ErrNotFound, name)
 		}
 		_, err := b.adm.RecordOutcome(bg, q, acq.OperationID, in)
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.adm.GetOperation(bg, q.TenantID, acq.OperationID)
+		_, err = b.reads.GetOperation(bg, q.TenantID, acq.OperationID)
 		require.ErrorIs(t, err, ErrNotFound)
 		require.Equal(t, before, snapshot(t, b, acq.OperationID))
 	})
@@ -214,7 +214,7 @@ func TestOutcomeResponseStoredExactly(t *testing.T) {
 			acq := mustAcquire(t, b, "exact-"+name, 60)
 			op := mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(resp)})
 			require.Equal(t, resp, string(op.Outcome.Response), name)
-			d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
+			d, err := b.reads.GetOperation(bg, b.p.TenantID, acq.OperationID)
 			require.NoError(t, err)
 			require.Equal(t, resp, string(d.Outcome.Response), name)
 			_, err = record(b, acq, OutcomeInput{Status: StateSucceeded, Response: json.RawMessage(resp)})
@@ -250,7 +250,7 @@ func TestOperationIDSpellings(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "id-forms", 60)
 		for _, id := range []string{strings.ToUpper(acq.OperationID), "{" + acq.OperationID + "}", "urn:uuid:" + acq.OperationID} {
-			d, err := b.adm.GetOperation(bg, b.p.TenantID, id)
+			d, err := b.reads.GetOperation(bg, b.p.TenantID, id)
 			require.NoError(t, err, id)
 			require.Equal(t, acq.OperationID, d.ID)
 		}
@@ -274,7 +274,7 @@ func TestOutcomeReleaseAfterTakeoverReleasesNothing(t *testing.T) {
 		require.Equal(t, StateFailed, op.State)
 		require.Nil(t, op.ReleasedAt)
 		require.Equal(t, StateFailed, op.Outcome.Status)
-		k, err := b.adm.GetKey(bg, b.p.TenantID, "takeover-release")
+		k, err := b.reads.GetKey(bg, b.p.TenantID, "takeover-release")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, cur.OperationID, k.Operation.ID)

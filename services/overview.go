@@ -46,9 +46,9 @@ type Overview struct {
 // Overview returns the operation counts and the last 24 hours of attempts of one tenant, or
 // of every tenant when tenantID is nil (a global dashboard account). Hours are judged by the
 // database clock (SPEC.md §6). Errors: ErrStoreUnavailable.
-func (a *Admission) Overview(ctx context.Context, tenantID *int64) (*Overview, error) {
-	tx := a.db.WithContext(ctx)
-	now, err := a.db.Now(ctx, tx)
+func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, error) {
+	tx := ds.db.WithContext(ctx)
+	now, err := ds.db.Now(ctx, tx)
 	if err != nil {
 		return nil, storeError("overview", err)
 	}
@@ -87,7 +87,7 @@ func (a *Admission) Overview(ctx context.Context, tenantID *int64) (*Overview, e
 	// (operation_id)), so this scans the tenant's attempts, or the whole table for a global
 	// account: acceptable for now at dashboard request rates; an (attempted_at) index is the
 	// fix if the table grows large.
-	hourExpr := a.st.hourOf("attempted_at")
+	hourExpr := ds.st.hourOf("attempted_at")
 	var rows []struct {
 		Hour   string
 		Result string
@@ -134,9 +134,9 @@ type TenantCount struct {
 // for metrics: one statement whose cost grows with the number of uncertain operations and of
 // tenants, not of all operations (it reads the partial index operations_uncertain). Errors:
 // ErrStoreUnavailable.
-func (a *Admission) NeedsReconciliationByTenant(ctx context.Context) ([]TenantCount, error) {
+func (ds *Dashboard) NeedsReconciliationByTenant(ctx context.Context) ([]TenantCount, error) {
 	var out []TenantCount
-	err := a.db.WithContext(ctx).Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count
+	err := ds.db.WithContext(ctx).Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count
   FROM tenants t
   LEFT JOIN (SELECT tenant_id, COUNT(*) AS n FROM operations WHERE state = ? GROUP BY tenant_id) u ON u.tenant_id = t.id
  ORDER BY t.name`, StateUncertain).Scan(&out).Error

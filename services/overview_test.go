@@ -32,7 +32,7 @@ func TestOverviewCountsAndHours(t *testing.T) {
 		_, err = b.adm.Acquire(bg, other, AcquireInput{Key: "prog", TTLSeconds: 60})
 		require.NoError(t, err)
 
-		ov, err := b.adm.Overview(bg, &b.p.TenantID)
+		ov, err := b.dash.Overview(bg, &b.p.TenantID)
 		require.NoError(t, err)
 		require.Equal(t, []StateCount{
 			{StateInProgress, 2}, {StateUncertain, 1}, {StateSucceeded, 1},
@@ -63,7 +63,7 @@ func TestOverviewCountsAndHours(t *testing.T) {
 		require.EqualValues(t, 6, last.Admitted+ov.Hours[22].Admitted)
 
 		// A global view counts at least this tenant's operations too.
-		all, err := b.adm.Overview(bg, nil)
+		all, err := b.dash.Overview(bg, nil)
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, all.Counts[0].Count, int64(3))
 	})
@@ -72,7 +72,7 @@ func TestOverviewCountsAndHours(t *testing.T) {
 func TestOverviewEmptyTenantHasZeros(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		ov, err := b.adm.Overview(bg, &b.p.TenantID)
+		ov, err := b.dash.Overview(bg, &b.p.TenantID)
 		require.NoError(t, err)
 		require.Len(t, ov.Counts, 5)
 		for _, c := range ov.Counts {

@@ -47,21 +47,21 @@ type QueuePage struct {
 // uncertain, with keyset pagination (limit 1 to MaxListLimit, default DefaultListLimit). Its
 // length always equals the Overview's NeedsReconciliation and the metric, which count the same
 // rows. Errors: ErrInvalidRequest (fields "state", "limit", "cursor"), ErrStoreUnavailable.
-func (a *Admission) ListOperations(ctx context.Context, tenantID int64, f OperationFilter) (*QueuePage, error) {
-	return a.listQueue(ctx, &tenantID, f)
+func (rd *Reads) ListOperations(ctx context.Context, tenantID int64, f OperationFilter) (*QueuePage, error) {
+	return rd.listQueue(ctx, &tenantID, f)
 }
 
 // ReconciliationQueue is ListOperations for the dashboard: over one tenant, or every tenant
 // when tenantID is nil (a global account), with each operation's tenant name. State defaults
 // to uncertain. Errors: as ListOperations.
-func (a *Admission) ReconciliationQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
+func (ds *Dashboard) ReconciliationQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
 	if f.State == "" {
 		f.State = StateUncertain
 	}
-	return a.listQueue(ctx, tenantID, f)
+	return ds.listQueue(ctx, tenantID, f)
 }
 
-func (a *Admission) listQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
+func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilter) (*QueuePage, error) {
 	var fe []FieldError
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
@@ -83,8 +83,8 @@ func (a *Admission) listQueue(ctx context.Context, tenantID *int64, f OperationF
 	if len(fe) > 0 {
 		return nil, invalid(fe...)
 	}
-	tx := a.db.WithContext(ctx)
-	now, err := a.db.Now(ctx, tx)
+	tx := r.db.WithContext(ctx)
+	now, err := r.db.Now(ctx, tx)
 	if err != nil {
 		return nil, storeError("list operations", err)
 	}

@@ -26,10 +26,10 @@ func TestReconciliationQueue(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		count := func(want int) {
 			t.Helper()
-			ov, err := b.adm.Overview(bg, &b.p.TenantID)
+			ov, err := b.dash.Overview(bg, &b.p.TenantID)
 			require.NoError(t, err)
 			require.EqualValues(t, want, ov.NeedsReconciliation)
-			byTenant, err := b.adm.NeedsReconciliationByTenant(bg)
+			byTenant, err := b.dash.NeedsReconciliationByTenant(bg)
 			require.NoError(t, err)
 			var name string
 			require.NoError(t, b.db.Model(&models.Tenant{}).Where("id = ?", b.p.TenantID).Pluck("name", &name).Error)
@@ -44,7 +44,7 @@ func TestReconciliationQueue(t *testing.T) {
 			var ids []string
 			f := OperationFilter{State: StateUncertain, Limit: 1}
 			for {
-				page, err := b.adm.ListOperations(bg, b.p.TenantID, f)
+				page, err := b.reads.ListOperations(bg, b.p.TenantID, f)
 				require.NoError(t, err)
 				for _, op := range page.Items {
 					ids = append(ids, op.ID)
@@ -75,7 +75,7 @@ func TestReconciliationQueue(t *testing.T) {
 		}
 		require.Equal(t, want, walk())
 		count(3)
-		page, err := b.adm.ReconciliationQueue(bg, nil, OperationFilter{Limit: MaxListLimit})
+		page, err := b.dash.ReconciliationQueue(bg, nil, OperationFilter{Limit: MaxListLimit})
 		require.NoError(t, err)
 		superseded := map[string]bool{}
 		for _, q := range page.Items {
@@ -88,7 +88,7 @@ func TestReconciliationQueue(t *testing.T) {
 		require.Equal(t, map[string]bool{taken.OperationID: true, reaped.OperationID: false, unsure.OperationID: false}, superseded)
 
 		// Another tenant sees none of them.
-		other, err := b.adm.ListOperations(bg, otherTenant(t, b).TenantID, OperationFilter{State: StateUncertain})
+		other, err := b.reads.ListOperations(bg, otherTenant(t, b).TenantID, OperationFilter{State: StateUncertain})
 		require.NoError(t, err)
 		require.Empty(t, other.Items)
 
@@ -114,7 +114,7 @@ func TestListOperationsRejectsBadInput(t *testing.T) {
 			"bad cursor":      {State: StateUncertain, Cursor: "!!"},
 			"keys cursor":     {State: StateUncertain, Cursor: encodeCursor(time.Now(), 7)},
 		} {
-			_, err := b.adm.ListOperations(bg, b.p.TenantID, f)
+			_, err := b.reads.ListOperations(bg, b.p.TenantID, f)
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
 		}
 	})

@@ -22,6 +22,23 @@ const (
 	DefaultListLimit = 50
 )
 
+// reader is what the reading services share: the database and its store. Its methods are the
+// queries more than one audience needs (a tenant's API reads and the dashboard's).
+type reader struct {
+	db *models.DB
+	st store
+}
+
+// Reads answers a tenant's API reads: operations, keys, the attempt log and the operation
+// list (with the reconciliation queue). Every method is scoped to one tenant id, the caller's.
+// Safe for concurrent use.
+type Reads struct {
+	reader
+}
+
+// NewReads returns a Reads over db.
+func NewReads(db *models.DB) *Reads { return &Reads{reader{db: db, st: newStore(db)}} }
+
 // loadOperation reads operation id of tenantID with its hold status and attempt counts, as of
 // the database time now.
 func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Operation, error) {
@@ -45,14 +62,19 @@ func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Oper
 // GetOperation returns operation id of p's tenant with its attempts and events, oldest first
 // (SPEC.md §4). Errors: ErrNotFound (also for a malformed id or another tenant's operation, so
 // existence does not leak), ErrStoreUnavailable.
-func (a *Admission) GetOperation(ctx context.Context, tenantID int64, id string) (*OperationDetail, error) {
+func (rd *Reads) GetOperation(ctx context.Context, tenantID int64, id string) (*OperationDetail, error) {
+	return rd.operation(ctx, tenantID, id)
+}
+
+// operation is GetOperation, for every audience.
+func (r *reader) operation(ctx context.Context, tenantID int64, id string) (*OperationDetail, error) {
 	u, err := uuid.Parse(id)
 	if err != nil {
 		return nil, ErrNotFound
 	}
 	id = u.String() // the stored spelling: PostgreSQL would match others, SQLite would not
-	tx := a.db.WithContext(ctx)
-	now, err := a.db.Now(ctx, tx)
+	tx := r.db.WithContext(ctx)
+	now, err := r.db.Now(ctx, tx)
 	if err != nil {
 		return nil, storeError("get operation", err)
 	}
@@ -86,11 +108,11 @@ func attemptFromModel(m *models.Attempt) Attempt {
 
 // GetKey returns key of p's tenant with its hold and newest operation (SPEC.md §4). Errors:
 // ErrNotFound if the key was never acquired in this tenant, ErrStoreUnavailable.
-func (a *Admission) GetKey(ctx context.Context, tenantID int64, key string) (*KeyView, error) {
+func (rd *Reads) GetKey(ctx context.Context, tenantID int64, key string) (*KeyView, error) {
 	if ValidateKey(key) != "" {
 		return nil, ErrNotFound
 	}
-	tx := a.db.WithContext(ctx)
+	tx := rd.db.WithContext(ctx)
 	var k models.IdemKey
 	err := tx.Where("tenant_id = ? AND key = ?", tenantID, key).Take(&k).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -98,11 +120,11 @@ func (a *Admission) GetKey(ctx context.Context, tenantID int64, key string) (*Ke
 	} else if err != nil {
 		return nil, storeError("get key", err)
 	}
-	now, err := a.db.Now(ctx, tx)
+	now, err := rd.db.Now(ctx, tx)
 	if err != nil {
 		return nil, storeError("get key", err)
 	}
-	views, err := a.keyViews(tx, []models.IdemKey{k}, now)
+	views, err := rd.keyViews(tx, []models.IdemKey{k}, now)
 	if err != nil {
 		return nil, storeError("get key", err)
 	}
@@ -130,15 +152,15 @@ type KeyPage struct {
 
 // ListKeys lists p's tenant's keys newest acquisition first with keyset pagination (SPEC.md
 // §4). Errors: ErrInvalidRequest (bad limit, state or cursor), ErrStoreUnavailable.
-func (a *Admission) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (*KeyPage, error) {
-	page, _, _, err := a.listKeys(ctx, &tenantID, f)
+func (rd *Reads) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (*KeyPage, error) {
+	page, _, _, err := rd.listKeys(ctx, &tenantID, f)
 	return page, err
 }
 
 // listKeys is ListKeys over one tenant, or over every tenant when tenantID is nil (the
 // dashboard's global accounts). Besides the page it returns the key rows in page order, for
 // callers that need more of each row, and the database time the holds were judged at.
-func (a *Admission) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*KeyPage, []models.IdemKey, time.Time, error) {
+func (r *reader) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*KeyPage, []models.IdemKey, time.Time, error) {
 	var fe []FieldError
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
@@ -164,8 +186,8 @@ func (a *Admission) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) 
 	if len(fe) > 0 {
 		return nil, nil, time.Time{}, invalid(fe...)
 	}
-	tx := a.db.WithContext(ctx)
-	now, err := a.db.Now(ctx, tx)
+	tx := r.db.WithContext(ctx)
+	now, err := r.db.Now(ctx, tx)
 	if err != nil {
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
@@ -209,7 +231,7 @@ func (a *Admission) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) 
 		last := ks[len(ks)-1]
 		page.NextCursor = encodeCursor(last.AcquiredAt, last.ID)
 	}
-	page.Items, err = a.keyViews(tx, ks, now)
+	page.Items, err = r.keyViews(tx, ks, now)
 	if err != nil {
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
@@ -225,7 +247,7 @@ func validState(s string) bool {
 }
 
 // keyViews loads the newest operation of each key with two queries for the whole page.
-func (a *Admission) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]KeyView, error) {
+func (r *reader) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]KeyView, error) {
 	ids := make([]string, 0, len(ks))
 	for _, k := range ks {
 		ids = append(ids, k.LastOperationID)
@@ -274,7 +296,7 @@ type AttemptPage struct {
 
 // ListAttempts returns p's tenant's attempt log, newest first (SPEC.md §4). Errors:
 // ErrInvalidRequest, ErrStoreUnavailable.
-func (a *Admission) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilter) (*AttemptPage, error) {
+func (rd *Reads) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilter) (*AttemptPage, error) {
 	var fe []FieldError
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
@@ -303,7 +325,7 @@ func (a *Admission) ListAttempts(ctx context.Context, tenantID int64, f AttemptF
 	if len(fe) > 0 {
 		return nil, invalid(fe...)
 	}
-	q := a.db.WithContext(ctx).Where("tenant_id = ?", tenantID)
+	q := rd.db.WithContext(ctx).Where("tenant_id = ?", tenantID)
 	if f.Key != "" {
 		q = q.Where("key = ?", f.Key)
 	}

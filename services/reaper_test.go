@@ -61,7 +61,7 @@ func TestReaperExpiresHolds(t *testing.T) {
 		require.EqualValues(t, 1, res.MarkedUncertain)
 
 		// The in_progress operation became uncertain with the reason and one system event.
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, inProgress.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, inProgress.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, StateUncertain, d.State)
 		require.Equal(t, ReasonTTLExpired, deref(d.StateReason))
@@ -87,7 +87,7 @@ func TestReaperExpiresHolds(t *testing.T) {
 		// The live hold and the released key are untouched.
 		require.Equal(t, before[live.OperationID], snapshot(t, b, live.OperationID))
 		require.Equal(t, before[released.OperationID], snapshot(t, b, released.OperationID))
-		k, err := b.adm.GetKey(bg, b.p.TenantID, "reap-live")
+		k, err := b.reads.GetKey(bg, b.p.TenantID, "reap-live")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 
@@ -136,7 +136,7 @@ func TestReaperCompareOnOwner(t *testing.T) {
 		require.EqualValues(t, 1, res.HoldsExpired) // reap-outcome-race only
 		require.Zero(t, res.MarkedUncertain)
 
-		k, err := b.adm.GetKey(bg, b.p.TenantID, "reap-race")
+		k, err := b.reads.GetKey(bg, b.p.TenantID, "reap-race")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, fresh.OperationID, k.Operation.ID)
@@ -144,7 +144,7 @@ func TestReaperCompareOnOwner(t *testing.T) {
 		require.Equal(t, fresh.OperationID, deref(keyRow(t, b, "reap-race").HolderOperationID))
 
 		// The takeover marked the old operation uncertain exactly once; the reaper added nothing.
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, old.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, old.OperationID)
 		require.NoError(t, err)
 		require.Equal(t, StateUncertain, d.State)
 		require.Len(t, d.Events, 1)
@@ -204,7 +204,7 @@ func TestReaperRetention(t *testing.T) {
 		require.Zero(t, res.HoldsExpired)
 
 		for _, a := range []*Acquisition{rel, failRel} {
-			_, err := b.adm.GetOperation(bg, b.p.TenantID, a.OperationID)
+			_, err := b.reads.GetOperation(bg, b.p.TenantID, a.OperationID)
 			require.ErrorIs(t, err, ErrNotFound)
 			var n int64
 			require.NoError(t, b.db.Model(&models.Attempt{}).Where("operation_id = ?", a.OperationID).Count(&n).Error)
@@ -212,7 +212,7 @@ func TestReaperRetention(t *testing.T) {
 			require.NoError(t, b.db.Model(&models.Event{}).Where("operation_id = ?", a.OperationID).Count(&n).Error)
 			require.Zero(t, n, "events of a purged operation")
 			// The key row stays, so fencing tokens keep increasing after a purge.
-			k, err := b.adm.GetKey(bg, b.p.TenantID, a.Key)
+			k, err := b.reads.GetKey(bg, b.p.TenantID, a.Key)
 			require.NoError(t, err)
 			require.Nil(t, k.Operation)
 			require.False(t, k.Held)
@@ -221,7 +221,7 @@ func TestReaperRetention(t *testing.T) {
 			require.Nil(t, next.PreviousOperation)
 		}
 		for _, a := range []*Acquisition{heldFailed, heldSucc, unc, inProg, recent} {
-			d, err := b.adm.GetOperation(bg, b.p.TenantID, a.OperationID)
+			d, err := b.reads.GetOperation(bg, b.p.TenantID, a.OperationID)
 			require.NoError(t, err, a.Key)
 			require.NotEmpty(t, d.Attempts, a.Key)
 		}
@@ -234,7 +234,7 @@ func TestReaperRetention(t *testing.T) {
 		res, err = b.reaper.RunOnce(bg)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, res.OperationsPurged)
-		_, err = b.adm.GetOperation(bg, b.p.TenantID, heldFailed.OperationID)
+		_, err = b.reads.GetOperation(bg, b.p.TenantID, heldFailed.OperationID)
 		require.ErrorIs(t, err, ErrNotFound)
 
 		// A reaper with a short retention purges recently ended operations too.
@@ -245,11 +245,11 @@ func TestReaperRetention(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		_, err = short.RunOnce(bg)
 		require.NoError(t, err)
-		_, err = b.adm.GetOperation(bg, b.p.TenantID, gone.OperationID)
+		_, err = b.reads.GetOperation(bg, b.p.TenantID, gone.OperationID)
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.adm.GetOperation(bg, b.p.TenantID, unc.OperationID)
+		_, err = b.reads.GetOperation(bg, b.p.TenantID, unc.OperationID)
 		require.NoError(t, err, "uncertain operations are never purged")
-		_, err = b.adm.GetOperation(bg, b.p.TenantID, inProg.OperationID)
+		_, err = b.reads.GetOperation(bg, b.p.TenantID, inProg.OperationID)
 		require.NoError(t, err)
 	})
 }

@@ -127,7 +127,7 @@ func TestOutcomeTransitionMatrix(t *testing.T) {
 				} else {
 					require.NotNil(t, after.Op.EndedAt)
 				}
-				k, err := b.adm.GetKey(bg, b.p.TenantID, acq.Key)
+				k, err := b.reads.GetKey(bg, b.p.TenantID, acq.Key)
 				require.NoError(t, err)
 				if tr.to == StateReleased {
 					require.False(t, k.Held)
@@ -174,13 +174,13 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 			require.Equal(t, want, op.State)
 			require.Equal(t, attempts[n].Status, op.Outcome.Status)
 			require.False(t, op.Held)
-			k, err := b.adm.GetKey(bg, b.p.TenantID, "exp-"+n)
+			k, err := b.reads.GetKey(bg, b.p.TenantID, "exp-"+n)
 			require.NoError(t, err)
 			require.True(t, k.Held)
 			require.Equal(t, next.OperationID, k.Operation.ID)
 			require.Equal(t, StateInProgress, k.Operation.State)
 
-			d, err := b.adm.GetOperation(bg, b.p.TenantID, old[n].OperationID)
+			d, err := b.reads.GetOperation(bg, b.p.TenantID, old[n].OperationID)
 			require.NoError(t, err)
 			require.Equal(t, EventStateChanged, d.Events[0].Kind)
 			require.Equal(t, ActorSystem, d.Events[0].Actor)
@@ -307,7 +307,7 @@ func TestOutcomeFailedWithReleaseFreesKey(t *testing.T) {
 		require.Equal(t, "card declined", deref(op.ReleaseReason))
 		require.False(t, op.Held)
 
-		k, err := b.adm.GetKey(bg, b.p.TenantID, "fail-release")
+		k, err := b.reads.GetKey(bg, b.p.TenantID, "fail-release")
 		require.NoError(t, err)
 		require.False(t, k.Held)
 		require.Nil(t, k.ExpiresAt)

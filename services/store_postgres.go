@@ -162,4 +162,3 @@ func (r *acquireRow) operation() Operation {
 	}
 	return op
 }
-

@@ -166,7 +166,7 @@ func TestAcquireValidation(t *testing.T) {
 			AttemptID: ptr(strings.Repeat("a", 128)), Operation: ptr(strings.Repeat("o", 64))})
 		require.NoError(t, err)
 		require.True(t, acq.Admitted)
-		d, err := b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
+		d, err := b.reads.GetOperation(bg, b.p.TenantID, acq.OperationID)
 		require.NoError(t, err)
 		require.JSONEq(t, string(meta), string(d.Metadata))
 		require.Equal(t, strings.Repeat("f", 256), deref(d.Fingerprint))
@@ -178,7 +178,7 @@ func TestAcquireValidation(t *testing.T) {
 		require.True(t, acq.Admitted)
 		acq, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "meta-null", TTLSeconds: 60, Metadata: json.RawMessage(`null`)})
 		require.NoError(t, err)
-		d, err = b.adm.GetOperation(bg, b.p.TenantID, acq.OperationID)
+		d, err = b.reads.GetOperation(bg, b.p.TenantID, acq.OperationID)
 		require.NoError(t, err)
 		require.Nil(t, d.Metadata)
 		// Storable extremes are stored on both dialects.
@@ -205,23 +205,23 @@ func TestKeysAreByteExact(t *testing.T) {
 		}
 		require.Len(t, ids, len(keys))
 		for _, k := range keys {
-			v, err := b.adm.GetKey(bg, b.p.TenantID, k)
+			v, err := b.reads.GetKey(bg, b.p.TenantID, k)
 			require.NoError(t, err, "%q", k)
 			require.Equal(t, k, v.Key)
 			require.Equal(t, k, v.Operation.Key)
 			require.True(t, v.Held)
-			atts, err := b.adm.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: k})
+			atts, err := b.reads.ListAttempts(bg, b.p.TenantID, AttemptFilter{Key: k})
 			require.NoError(t, err)
 			require.Len(t, atts.Items, 1, "%q", k)
 			require.Equal(t, k, atts.Items[0].Key)
 		}
 		for _, k := range []string{"KeY", "e", "\u00c9", "a%2Fb", "sp%20ace"} {
-			_, err := b.adm.GetKey(bg, b.p.TenantID, k)
+			_, err := b.reads.GetKey(bg, b.p.TenantID, k)
 			require.ErrorIs(t, err, ErrNotFound, "%q", k)
 		}
-		_, err := b.adm.GetKey(bg, b.p.TenantID, "bad\x00key")
+		_, err := b.reads.GetKey(bg, b.p.TenantID, "bad\x00key")
 		require.ErrorIs(t, err, ErrNotFound)
-		page, err := b.adm.ListKeys(bg, b.p.TenantID, KeyFilter{Limit: MaxListLimit})
+		page, err := b.reads.ListKeys(bg, b.p.TenantID, KeyFilter{Limit: MaxListLimit})
 		require.NoError(t, err)
 		require.Len(t, page.Items, len(keys))
 		require.Equal(t, StateInProgress, page.Items[0].Operation.State)

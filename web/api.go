@@ -117,7 +117,7 @@ func handleOutcome(adm *services.Admission) fiber.Handler {
 	}
 }
 
-func handleGetKey(adm *services.Admission) fiber.Handler {
+func handleGetKey(reads *services.Reads) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		// The router matches the raw (still percent-encoded) path, so "a%2Fb" arrives here
 		// intact and is decoded exactly once: "a/b", "x%2Fy" and non-ASCII keys round-trip.
@@ -125,7 +125,7 @@ func handleGetKey(adm *services.Admission) fiber.Handler {
 		if err != nil || key == "" {
 			return services.ErrNotFound
 		}
-		k, err := adm.GetKey(c.UserContext(), principal(c).TenantID, key)
+		k, err := reads.GetKey(c.UserContext(), principal(c).TenantID, key)
 		if err != nil {
 			return err
 		}
@@ -146,13 +146,13 @@ func queryLimit(c *fiber.Ctx) (int, error) {
 	return n, nil
 }
 
-func handleListKeys(adm *services.Admission) fiber.Handler {
+func handleListKeys(reads *services.Reads) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		limit, err := queryLimit(c)
 		if err != nil {
 			return err
 		}
-		page, err := adm.ListKeys(c.UserContext(), principal(c).TenantID, services.KeyFilter{
+		page, err := reads.ListKeys(c.UserContext(), principal(c).TenantID, services.KeyFilter{
 			State: c.Query("state"), Operation: c.Query("operation"), KeyPrefix: c.Query("prefix"), Limit: limit,
 			Cursor: c.Query("cursor")})
 		if err != nil {
@@ -166,9 +166,9 @@ func handleListKeys(adm *services.Admission) fiber.Handler {
 	}
 }
 
-func handleGetOperation(adm *services.Admission) fiber.Handler {
+func handleGetOperation(reads *services.Reads) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		d, err := adm.GetOperation(c.UserContext(), principal(c).TenantID, c.Params("id"))
+		d, err := reads.GetOperation(c.UserContext(), principal(c).TenantID, c.Params("id"))
 		if err != nil {
 			return err
 		}
@@ -186,13 +186,13 @@ func handleGetOperation(adm *services.Admission) fiber.Handler {
 
 // handleListOperations is GET /v1/operations: the reconciliation queue (state=uncertain),
 // oldest first by the time each operation became uncertain.
-func handleListOperations(adm *services.Admission) fiber.Handler {
+func handleListOperations(reads *services.Reads) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		limit, err := queryLimit(c)
 		if err != nil {
 			return err
 		}
-		page, err := adm.ListOperations(c.UserContext(), principal(c).TenantID, services.OperationFilter{
+		page, err := reads.ListOperations(c.UserContext(), principal(c).TenantID, services.OperationFilter{
 			State: c.Query("state"), Limit: limit, Cursor: c.Query("cursor")})
 		if err != nil {
 			return err
@@ -207,7 +207,7 @@ func handleListOperations(adm *services.Admission) fiber.Handler {
 	}
 }
 
-func handleListAttempts(adm *services.Admission) fiber.Handler {
+func handleListAttempts(reads *services.Reads) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		limit, err := queryLimit(c)
 		if err != nil {
@@ -222,7 +222,7 @@ func handleListAttempts(adm *services.Admission) fiber.Handler {
 			}
 			f.Since = &t
 		}
-		page, err := adm.ListAttempts(c.UserContext(), principal(c).TenantID, f)
+		page, err := reads.ListAttempts(c.UserContext(), principal(c).TenantID, f)
 		if err != nil {
 			return err
 		}

@@ -263,7 +263,7 @@ func nextOrDefault(raw string) string {
 func (s *Server) navFor(c *fiber.Ctx, op *services.OperatorAccount, active string) (views.Nav, error) {
 	scope := "All tenants"
 	if op.TenantID != nil {
-		name, err := s.adm.TenantName(c.UserContext(), *op.TenantID)
+		name, err := s.dash.TenantName(c.UserContext(), *op.TenantID)
 		if err != nil {
 			return views.Nav{}, err
 		}

@@ -143,7 +143,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
-		rep, err := s.adm.Audit(c.UserContext(), op.TenantID, f)
+		rep, err := s.audit.Report(c.UserContext(), op.TenantID, f)
 		if msg, ok := auditProblem(err); ok {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
 		} else if err != nil {
@@ -219,7 +219,7 @@ func handleAuditCSV(s *Server) fiber.Handler {
 				<-s.exports
 			}
 		}()
-		f, err := s.adm.ResolveAuditFilter(c.UserContext(), f)
+		f, err := s.audit.ResolveFilter(c.UserContext(), f)
 		if msg, ok := auditProblem(err); ok {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
 		} else if err != nil {
@@ -248,7 +248,7 @@ func handleAuditCSV(s *Server) fiber.Handler {
 			cw := csv.NewWriter(&progressWriter{w: w, conn: conn, idle: s.writeTimeout})
 			_ = cw.Write(auditCSVHeader)
 			n := 0
-			err := s.adm.AuditAttempts(ctx, tenantID, f, s.storeTimeout, func(r services.AuditRow) error {
+			err := s.audit.Attempts(ctx, tenantID, f, s.storeTimeout, func(r services.AuditRow) error {
 				if err := cw.Write(auditCSVRecord(r)); err != nil {
 					return err
 				}

@@ -101,7 +101,7 @@ func handleKeysPage(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
-		page, err := s.adm.ListKeysForOperator(c.UserContext(), op.TenantID, services.KeyFilter{
+		page, err := s.dash.ListKeysForOperator(c.UserContext(), op.TenantID, services.KeyFilter{
 			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, Limit: q.Limit, Cursor: q.Cursor,
 			ExpiringWithin: expiringWithin(q.Expiring),
 		})

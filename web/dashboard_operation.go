@@ -42,7 +42,7 @@ func (s *Server) requireActor(c *fiber.Ctx) error {
 	if operatorMayAct(currentOperator(c)) {
 		return c.Next()
 	}
-	err := s.adm.CheckMayAct(c.UserContext(), currentOperator(c), c.Params("id"))
+	err := s.recon.CheckMayAct(c.UserContext(), currentOperator(c), c.Params("id"))
 	if errors.Is(err, services.ErrNotFound) {
 		return s.renderErrorPage(c, fiber.StatusNotFound, "There is no such operation, or your account may not see it.")
 	} else if err != nil && !errors.Is(err, services.ErrUnauthorized) {
@@ -73,7 +73,7 @@ func handleOperationOutcome(s *Server) fiber.Handler {
 			r := form.outcome.Receipt
 			in.Receipt = &r
 		}
-		op, err := s.adm.ReconcileOutcome(c.UserContext(), currentOperator(c), c.Params("id"), in)
+		op, err := s.recon.ReconcileOutcome(c.UserContext(), currentOperator(c), c.Params("id"), in)
 		if err == nil {
 			return c.Redirect(operationURL(op.ID)+"?done=outcome", fiber.StatusSeeOther)
 		}
@@ -91,7 +91,7 @@ func handleOperationRelease(s *Server) fiber.Handler {
 			return s.renderOperation(c, form.status, form)
 		}
 		fencing, _ := strconv.ParseInt(c.FormValue("fencing_token"), 10, 64) // the service refuses 0
-		op, err := s.adm.OperatorRelease(c.UserContext(), currentOperator(c), c.Params("id"), services.OperatorReleaseInput{
+		op, err := s.recon.OperatorRelease(c.UserContext(), currentOperator(c), c.Params("id"), services.OperatorReleaseInput{
 			OperationID: c.FormValue("operation_id"), FencingToken: fencing, Reason: form.release.Reason,
 		})
 		if err == nil {
@@ -168,7 +168,7 @@ func (s *Server) renderOperation(c *fiber.Ctx, status int, form operationForm) e
 	if acct == nil {
 		return redirectToLogin(c)
 	}
-	d, err := s.adm.OperationForOperator(c.UserContext(), acct, c.Params("id"))
+	d, err := s.dash.OperationForOperator(c.UserContext(), acct, c.Params("id"))
 	if errors.Is(err, services.ErrNotFound) {
 		return s.renderErrorPage(c, fiber.StatusNotFound, "There is no such operation, or your account may not see it.")
 	} else if err != nil {

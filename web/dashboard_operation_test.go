@@ -31,7 +31,7 @@ func (f *dashFixture) opAcquire(t *testing.T, p services.Principal, key string, 
 // opDetail reads an operation through the service, as the JSON API would show it.
 func (f *dashFixture) opDetail(t *testing.T, p services.Principal, id string) *services.OperationDetail {
 	t.Helper()
-	d, err := f.s.adm.GetOperation(context.Background(), p.TenantID, id)
+	d, err := f.s.reads.GetOperation(context.Background(), p.TenantID, id)
 	require.NoError(t, err)
 	return d
 }
@@ -185,7 +185,7 @@ func TestDashboardOperationReleaseFailed(t *testing.T) {
 		require.Equal(t, "No", opSelText(page.testid("op-held")))
 		require.Equal(t, 0, page.testid("release-form").Length())
 
-		k, err := f.s.adm.GetKey(ctx, f.pA.TenantID, "refund-1")
+		k, err := f.s.reads.GetKey(ctx, f.pA.TenantID, "refund-1")
 		require.NoError(t, err)
 		require.False(t, k.Held)
 		ev := f.opDetail(t, f.pA, a.OperationID).Events
@@ -229,7 +229,7 @@ func TestDashboardOperationStaleRelease(t *testing.T) {
 		require.Contains(t, opSelText(res.testid("op-holder")), bAcq.OperationID)
 		require.Equal(t, 2, res.testid("generation-row").Length())
 
-		k, err := f.s.adm.GetKey(ctx, f.pA.TenantID, "race-key")
+		k, err := f.s.reads.GetKey(ctx, f.pA.TenantID, "race-key")
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, bAcq.OperationID, k.Operation.ID)
@@ -398,13 +398,13 @@ func TestDashboardOperationAuditorOtherTenantIs404(t *testing.T) {
 		// The services keep the same order for any other caller.
 		acct, err := f.s.auth.Login(context.Background(), auditor, dashPassword)
 		require.NoError(t, err)
-		_, err = f.s.adm.ReconcileOutcome(context.Background(), acct, other.OperationID,
+		_, err = f.s.recon.ReconcileOutcome(context.Background(), acct, other.OperationID,
 			services.ReconcileInput{Status: services.StateFailed, Note: "n"})
 		require.ErrorIs(t, err, services.ErrNotFound)
-		_, err = f.s.adm.OperatorRelease(context.Background(), acct, other.OperationID,
+		_, err = f.s.recon.OperatorRelease(context.Background(), acct, other.OperationID,
 			services.OperatorReleaseInput{OperationID: other.OperationID, FencingToken: 1, Reason: "r"})
 		require.ErrorIs(t, err, services.ErrNotFound)
-		_, err = f.s.adm.ReconcileOutcome(context.Background(), acct, own.OperationID,
+		_, err = f.s.recon.ReconcileOutcome(context.Background(), acct, own.OperationID,
 			services.ReconcileInput{Status: services.StateFailed, Note: "n"})
 		require.ErrorIs(t, err, services.ErrUnauthorized)
 	})

@@ -23,7 +23,7 @@ func handleOverviewPage(s *Server) fiber.Handler {
 		if op == nil {
 			return redirectToLogin(c)
 		}
-		ov, err := s.adm.Overview(c.UserContext(), op.TenantID)
+		ov, err := s.dash.Overview(c.UserContext(), op.TenantID)
 		if err != nil {
 			return err
 		}

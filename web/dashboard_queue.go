@@ -32,7 +32,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 			return redirectToLogin(c)
 		}
 		cursor := c.Query("cursor")
-		page, err := s.adm.ReconciliationQueue(c.UserContext(), op.TenantID,
+		page, err := s.dash.ReconciliationQueue(c.UserContext(), op.TenantID,
 			services.OperationFilter{Limit: queuePageSize, Cursor: cursor})
 		var de *services.Error
 		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {

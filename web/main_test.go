@@ -41,12 +41,16 @@ func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
 		t.Fatalf("sql DB: %v", err)
 	}
 	return Config{
-		Admission: services.NewAdmission(db, log, 0),
-		Auth:      services.NewAuth(db, log),
-		Log:       log,
-		DB:        sqlDB,
-		Pool:      db.Pool,
-		Sessions:  NewSessionStorage(db),
+		Admission:      services.NewAdmission(db, log, 0),
+		Reads:          services.NewReads(db),
+		Reconciliation: services.NewReconciliation(db),
+		Dashboard:      services.NewDashboard(db),
+		Audit:          services.NewAudit(db),
+		Auth:           services.NewAuth(db, log),
+		Log:            log,
+		DB:             sqlDB,
+		Pool:           db.Pool,
+		Sessions:       NewSessionStorage(db),
 		// The deadline bounds each whole request, CPU work such as bcrypt included; under -race
 		// on shared cores that alone can take seconds. Tests of the deadline set their own.
 		StoreTimeout: 30 * time.Second,

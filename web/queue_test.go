@@ -19,7 +19,7 @@ import (
 func queueGauge(t *testing.T, s *Server, tenant string) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newReconciliationCollector(s.adm.NeedsReconciliationByTenant, slog.New(slog.DiscardHandler)))
+	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, slog.New(slog.DiscardHandler)))
 	fams, err := reg.Gather()
 	require.NoError(t, err)
 	for _, f := range fams {

@@ -16,11 +16,11 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Post("/acquire", handleAcquire(s.adm))
 	v1.Post("/release", handleRelease(s.adm))
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
-	v1.Get("/operations", handleListOperations(s.adm))
-	v1.Get("/operations/:id", handleGetOperation(s.adm))
-	v1.Get("/keys", handleListKeys(s.adm))
-	v1.Get("/keys/*", handleGetKey(s.adm))
-	v1.Get("/attempts", handleListAttempts(s.adm))
+	v1.Get("/operations", handleListOperations(s.reads))
+	v1.Get("/operations/:id", handleGetOperation(s.reads))
+	v1.Get("/keys", handleListKeys(s.reads))
+	v1.Get("/keys/*", handleGetKey(s.reads))
+	v1.Get("/attempts", handleListAttempts(s.reads))
 
 	s.dashboardRoutes()
 }

@@ -20,10 +20,20 @@ import (
 
 // Config is what the HTTP layer needs. All fields but Pool and SecureCookies are required.
 type Config struct {
-	// Admission serves the API and dashboard. New uses a copy that reports its decisions to
-	// the server's metrics (services.Admission.WithObserver); cfg.Admission is not changed.
+	// Admission decides the API's acquires, outcomes and releases. New uses a copy that
+	// reports its decisions to the server's metrics (services.Admission.WithObserver);
+	// cfg.Admission is not changed.
 	Admission *services.Admission
-	Auth      *services.Auth
+	// Reads answers the API's reads (keys, operations, attempts).
+	Reads *services.Reads
+	// Reconciliation carries out the dashboard's operator actions; like Admission, New uses a
+	// copy that reports to the metrics.
+	Reconciliation *services.Reconciliation
+	// Dashboard answers the dashboard's pages and the reconciliation gauge.
+	Dashboard *services.Dashboard
+	// Audit answers the Audit page and its CSV export.
+	Audit *services.Audit
+	Auth  *services.Auth
 	// Log is where requests are logged: one access line each, and errors. Wrap its handler
 	// with logging.NewHandler so every line logged during a request carries its request_id.
 	Log *slog.Logger
@@ -84,6 +94,10 @@ type Server struct {
 	app      *fiber.App
 	log      *slog.Logger
 	adm      *services.Admission
+	reads    *services.Reads
+	recon    *services.Reconciliation
+	dash     *services.Dashboard
+	audit    *services.Audit
 	auth     *services.Auth
 	db       *sql.DB
 	sessions *session.Store
@@ -129,7 +143,9 @@ func New(cfg Config) *Server {
 		registerDBStats(reg, cfg.DB)
 	}
 	s.adm = cfg.Admission.WithObserver(s.metrics)
-	reg.MustRegister(newReconciliationCollector(s.adm.NeedsReconciliationByTenant, s.log))
+	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
+	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
+	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))
 	s.sessions = session.New(session.Config{
 		Storage:        cfg.Sessions,
 		Expiration:     12 * time.Hour,

@@ -60,11 +60,15 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	}
 	auth := services.NewAuth(db, log)
 	srv := web.New(web.Config{
-		Admission: services.NewAdmission(db, log, 0),
-		Auth:      auth,
-		Log:       log,
-		DB:        sqlDB,
-		Sessions:  web.NewSessionStorage(db),
+		Admission:      services.NewAdmission(db, log, 0),
+		Reads:          services.NewReads(db),
+		Reconciliation: services.NewReconciliation(db),
+		Dashboard:      services.NewDashboard(db),
+		Audit:          services.NewAudit(db),
+		Auth:           auth,
+		Log:            log,
+		DB:             sqlDB,
+		Sessions:       web.NewSessionStorage(db),
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

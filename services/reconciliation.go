@@ -13,6 +13,20 @@ import (
 	"gorm.io/gorm"
 )
 
+// Reconciliation carries out operators' actions on operations (the dashboard's forms): record
+// a confirmed outcome of an in_progress or uncertain operation, and owner-checked release.
+// Every action is checked against the account's role and tenant, recorded under the
+// operator's username, and reported to the Observer. Safe for concurrent use.
+type Reconciliation struct {
+	reader
+	obs Observer
+}
+
+// NewReconciliation returns a Reconciliation over db that reports to nobody; see WithObserver.
+func NewReconciliation(db *models.DB) *Reconciliation {
+	return &Reconciliation{reader: reader{db: db, st: newStore(db)}, obs: nopObserver{}}
+}
+
 // MaxGenerations bounds how many operations of one key OperationForOperator returns: the newest
 // ones, so a key retried for years still renders one bounded page.
 const MaxGenerations = 200
@@ -174,7 +188,7 @@ func canAct(acct *OperatorAccount) error {
 // visible one is refused as read-only (ErrUnauthorized, auditors). Admins and operators pass
 // without a query; the action itself checks the tenant again. Errors: ErrNotFound,
 // ErrUnauthorized, ErrStoreUnavailable.
-func (a *Admission) CheckMayAct(ctx context.Context, acct *OperatorAccount, id string) error {
+func (rc *Reconciliation) CheckMayAct(ctx context.Context, acct *OperatorAccount, id string) error {
 	readOnly := canAct(acct)
 	if readOnly == nil {
 		return nil
@@ -186,7 +200,7 @@ func (a *Admission) CheckMayAct(ctx context.Context, acct *OperatorAccount, id s
 	if acct == nil {
 		return readOnly
 	}
-	if _, err := a.operatorOpRow(a.db.WithContext(ctx), acct, id); err != nil {
+	if _, err := rc.operatorOpRow(rc.db.WithContext(ctx), acct, id); err != nil {
 		return storeError("check operator", err)
 	}
 	return readOnly
@@ -195,7 +209,7 @@ func (a *Admission) CheckMayAct(ctx context.Context, acct *OperatorAccount, id s
 // operatorOpRow reads operation id (already normalised) as acct may see it. A tenant-restricted
 // account gets ErrNotFound for other tenants' operations, exactly as for unknown ids, so
 // existence does not leak.
-func (a *Admission) operatorOpRow(tx *gorm.DB, acct *OperatorAccount, id string) (*models.Operation, error) {
+func (r *reader) operatorOpRow(tx *gorm.DB, acct *OperatorAccount, id string) (*models.Operation, error) {
 	q := tx.Where("id = ?", id)
 	if acct.TenantID != nil {
 		q = q.Where("tenant_id = ?", *acct.TenantID)
@@ -222,27 +236,27 @@ func normaliseID(id string) (string, error) {
 // generations. Global accounts (acct.TenantID nil) see every tenant. Errors: ErrNotFound (a
 // malformed id, an unknown one, or another tenant's for a restricted account),
 // ErrStoreUnavailable.
-func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAccount, id string) (*OperatorOperation, error) {
+func (ds *Dashboard) OperationForOperator(ctx context.Context, acct *OperatorAccount, id string) (*OperatorOperation, error) {
 	id, err := normaliseID(id)
 	if err != nil {
 		return nil, err
 	}
-	tx := a.db.WithContext(ctx)
-	m, err := a.operatorOpRow(tx, acct, id)
+	tx := ds.db.WithContext(ctx)
+	m, err := ds.operatorOpRow(tx, acct, id)
 	if err != nil {
 		return nil, storeError("get operation", err)
 	}
-	d, err := a.GetOperation(ctx, m.TenantID, id)
+	d, err := ds.operation(ctx, m.TenantID, id)
 	if err != nil {
 		return nil, err
 	}
 	out := &OperatorOperation{OperationDetail: *d, TenantID: m.TenantID}
-	if out.TenantName, err = a.TenantName(ctx, m.TenantID); errors.Is(err, ErrNotFound) {
+	if out.TenantName, err = ds.TenantName(ctx, m.TenantID); errors.Is(err, ErrNotFound) {
 		out.TenantName = "" // tenants are never deleted today; show the id rather than fail
 	} else if err != nil {
 		return nil, err
 	}
-	if out.Now, err = a.db.Now(ctx, tx); err != nil {
+	if out.Now, err = ds.db.Now(ctx, tx); err != nil {
 		return nil, storeError("get operation", err)
 	}
 	var ks []models.IdemKey
@@ -309,8 +323,8 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 // receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
 // state; recording the same status and receipt again succeeds and changes nothing),
 // ErrStoreUnavailable.
-func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (_ *Operation, err error) {
-	if err := a.CheckMayAct(ctx, acct, id); err != nil {
+func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (_ *Operation, err error) {
+	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
 	id, err = normaliseID(id)
@@ -321,17 +335,17 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 		return nil, err
 	}
 	changed := false
-	defer func() { observeOutcome(ctx, a.obs, SourceOperator, in.Status, changed, err) }()
+	defer func() { observeOutcome(ctx, rc.obs, SourceOperator, in.Status, changed, err) }()
 	var out *Operation
-	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
-		if _, err := a.operatorOpRow(tx, acct, id); err != nil {
+	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
+		if _, err := rc.operatorOpRow(tx, acct, id); err != nil {
 			return err
 		}
 		var op models.Operation
-		if err := a.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+		if err := rc.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
 		}
-		now, err := a.db.Now(ctx, tx)
+		now, err := rc.db.Now(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -374,8 +388,8 @@ func (a *Admission) ReconcileOutcome(ctx context.Context, acct *OperatorAccount,
 // operation holds the key under another fencing token than the operator saw),
 // ErrEffectConfirmed (succeeded), ErrOutcomeUncertain (uncertain: reconcile first),
 // ErrInvalidTransition (already released), ErrStoreUnavailable.
-func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
-	if err := a.CheckMayAct(ctx, acct, id); err != nil {
+func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
+	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
 	id, err = normaliseID(id)
@@ -385,27 +399,27 @@ func (a *Admission) OperatorRelease(ctx context.Context, acct *OperatorAccount, 
 	if err := in.validate(id); err != nil {
 		return nil, err
 	}
-	defer func() { observeRelease(ctx, a.obs, SourceOperator, err) }()
+	defer func() { observeRelease(ctx, rc.obs, SourceOperator, err) }()
 	var out *Operation
-	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
-		seen, err := a.operatorOpRow(tx, acct, id)
+	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
+		seen, err := rc.operatorOpRow(tx, acct, id)
 		if err != nil {
 			return err
 		}
 		// Key row first, then the operation: the order acquire, release and the reaper lock in,
 		// so a release racing a takeover of the same key waits instead of deadlocking.
 		var k models.IdemKey
-		err = a.st.lock(tx).Where("tenant_id = ? AND key = ?", seen.TenantID, seen.Key).Take(&k).Error
+		err = rc.st.lock(tx).Where("tenant_id = ? AND key = ?", seen.TenantID, seen.Key).Take(&k).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
 			return ErrKeyNotHeld
 		} else if err != nil {
 			return err
 		}
 		var op models.Operation
-		if err := a.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
+		if err := rc.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
 		}
-		now, err := a.db.Now(ctx, tx)
+		now, err := rc.db.Now(ctx, tx)
 		if err != nil {
 			return err
 		}
