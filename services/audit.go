@@ -176,7 +176,7 @@ func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*A
 			"MAX(CASE WHEN result <> ? THEN attempted_at END) AS last_at, "+
 			"MIN(attempted_at) AS first_any, MAX(attempted_at) AS last_any, MAX(id) AS last_id",
 			ResultDuplicate, ResultConflict, ResultAdmitted, ResultAdmitted).
-		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("au.operation_id")+"))",
+		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
 			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
 		Where("attempted_at >= ? AND attempted_at < ?", f.From, f.To).
 		Group("tenant_id, key").
@@ -325,17 +325,17 @@ func (au *Audit) auditAttemptsBatch(ctx context.Context, timeout time.Duration, 
 	ctx, cancel := withTimeout(ctx, timeout)
 	defer cancel()
 	q := au.db.WithContext(ctx).Table("attempts a").
-		Select("au.id, t.name, au.key, au.attempted_at, au.result, au.operation_id, au.attempt_id, au.caller, au.fingerprint, au.correlation_id, "+
-			"CASE WHEN "+possibleDuplicateEffectOf("au.operation_id")+" THEN 1 ELSE 0 END AS pde").
-		Joins("JOIN tenants t ON t.id = au.tenant_id").
-		Where("au.id > ?", after).
-		Where("(au.result IN ? OR (au.result = ? AND "+possibleDuplicateEffectOf("au.operation_id")+"))",
+		Select("a.id, t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
+			"CASE WHEN "+possibleDuplicateEffectOf("a.operation_id")+" THEN 1 ELSE 0 END AS pde").
+		Joins("JOIN tenants t ON t.id = a.tenant_id").
+		Where("a.id > ?", after).
+		Where("(a.result IN ? OR (a.result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
 			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
-		Where("au.attempted_at >= ? AND au.attempted_at < ?", f.From, f.To).
-		Order("au.id").
+		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
+		Order("a.id").
 		Limit(AuditExportBatch)
 	if scope != nil {
-		q = q.Where("au.tenant_id = ?", *scope)
+		q = q.Where("a.tenant_id = ?", *scope)
 	}
 	rows, err := q.Rows()
 	if err != nil {
