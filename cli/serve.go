@@ -51,7 +51,7 @@ func serve(ctx context.Context, env Env) error {
 	}
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
-		Sessions: web.NewSessionStorage(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
+		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())

@@ -404,7 +404,7 @@ func TestReadyzUnavailableMatchesContract(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, gone.Close())
 	s := New(Config{Admission: services.NewAdmission(db, log, 0), Auth: services.NewAuth(db, log), Log: log,
-		DB: gone, Sessions: NewSessionStorage(db)})
+		DB: gone, Sessions: services.NewSessionStore(db)})
 	res := problemOf(t, (&apiClient{t: t, s: s}).do("GET", "/readyz", nil), http.StatusServiceUnavailable, services.CodeStoreUnavailable)
 	require.NotEmpty(t, res.header.Get("Retry-After"))
 }
