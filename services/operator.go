@@ -90,6 +90,10 @@ type OperatorOperation struct {
 	PossibleDuplicateOf []Generation
 	// Now is the database time the page was read at, the clock that decides expiry.
 	Now time.Time
+	// MayRecordOutcome and MayRelease say which actions the account it was read for may take
+	// on it now (ReconcileOutcome, OperatorRelease), so the page offers only those.
+	MayRecordOutcome bool
+	MayRelease       bool
 }
 
 // ReconcileInput is an operator's confirmed outcome (SPEC.md §5 "Record confirmed outcome").
@@ -280,6 +284,7 @@ func (a *Admission) OperationForOperator(ctx context.Context, acct *OperatorAcco
 		out.PossibleDuplicateOf = append(out.PossibleDuplicateOf, Generation{ID: g.ID, FencingToken: g.FencingToken,
 			State: g.State, AcquiredAt: g.AcquiredAt.UTC()})
 	}
+	out.MayRecordOutcome, out.MayRelease = operatorActions(acct, out)
 	return out, nil
 }
 
