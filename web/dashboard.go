@@ -262,12 +262,13 @@ func nextOrDefault(raw string) string {
 // navFor builds the page frame's view of the signed-in operator.
 func (s *Server) navFor(c *fiber.Ctx, op *services.OperatorAccount, active string) (views.Nav, error) {
 	scope := "All tenants"
-	if op.TenantID != nil {
+	if !services.SeesAllTenants(op) {
 		name, err := s.adm.TenantName(c.UserContext(), *op.TenantID)
 		if err != nil {
 			return views.Nav{}, err
 		}
 		scope = "Tenant " + name
 	}
-	return views.Nav{Username: op.Username, Role: op.Role, Scope: scope, CSRFToken: csrfToken(c), Active: active}, nil
+	return views.Nav{Username: op.Username, Role: op.Role, Scope: scope, CSRFToken: csrfToken(c), Active: active,
+		ShowAdmin: services.IsGlobalAdmin(op)}, nil
 }

@@ -37,7 +37,7 @@ var adminFlashes = map[string]string{
 }
 
 // adminRoles are the roles the page offers, most powerful first.
-var adminRoles = []string{services.RoleAdmin, services.RoleOperator, services.RoleAuditor}
+var adminRoles = services.Roles()
 
 // requireAdmin lets only global admins through: a tenant's admin manages nothing
 // installation-wide (see services.IsGlobalAdmin).

@@ -84,7 +84,7 @@ type auditQuery struct {
 // request's buffers. The message is for the operator when a time is unusable.
 func parseAuditQuery(c *fiber.Ctx, op *services.OperatorAccount) (auditQuery, services.AuditFilter, string) {
 	q := auditQuery{From: strings.Clone(strings.TrimSpace(c.Query("from"))), To: strings.Clone(strings.TrimSpace(c.Query("to")))}
-	if op.TenantID == nil {
+	if services.SeesAllTenants(op) {
 		q.Tenant = strings.Clone(strings.TrimSpace(c.Query("tenant")))
 	}
 	f := services.AuditFilter{Tenant: q.Tenant}
@@ -160,7 +160,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 		const shown = "2006-01-02 15:04:05"
 		props := views.AuditProps{
 			Nav:        nav,
-			ShowTenant: op.TenantID == nil,
+			ShowTenant: services.SeesAllTenants(op),
 			Filter: views.AuditFilterView{
 				From: rep.Filter.From.Format(auditInputLayout), To: rep.Filter.To.Format(auditInputLayout),
 				Tenant: q.Tenant, Active: len(q.values()) > 0,

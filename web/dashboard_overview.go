@@ -47,7 +47,7 @@ func overviewProps(nav views.Nav, ov *services.Overview) views.OverviewProps {
 	}
 	for _, sc := range ov.Counts {
 		u := keysStateURL(sc.State)
-		if sc.State == services.StateUncertain {
+		if services.NeedsReconciliation(sc.State) {
 			// The count is of operations, superseded ones included, which a listing of keys by
 			// their newest operation would miss: the queue lists exactly these.
 			u = queueURL

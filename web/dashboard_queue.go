@@ -44,7 +44,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 		if err != nil {
 			return err
 		}
-		p := views.QueueProps{Nav: nav, ShowTenant: op.TenantID == nil, Rows: make([]views.QueueRow, 0, len(page.Items))}
+		p := views.QueueProps{Nav: nav, ShowTenant: services.SeesAllTenants(op), Rows: make([]views.QueueRow, 0, len(page.Items))}
 		if cursor != "" {
 			p.FirstURL = queueURL
 		}
