@@ -67,13 +67,6 @@ const csvFlushRows = 256
 var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id",
 	"possible_duplicate_effect"}
 
-// auditRoutes registers the Audit page and its CSV export (SPEC.md §5). Every role may view
-// both; csrfProtect issues the token of the page's sign-out form.
-func (s *Server) auditRoutes(csrfProtect fiber.Handler) {
-	s.app.Get("/audit", pageHeaders, s.requireOperator, csrfProtect, handleAuditPage(s))
-	s.app.Get("/audit.csv", pageHeaders, s.requireOperator, handleAuditCSV(s))
-}
-
 // auditQuery is the Audit page's query string as given; the same parameters drive the export.
 type auditQuery struct {
 	From, To, Tenant string

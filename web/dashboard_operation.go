@@ -14,14 +14,6 @@ import (
 	"github.com/idemgate/idemgate/views"
 )
 
-// operationRoutes registers the operation detail page and its actions (SPEC.md §5). The POSTs
-// check the role in requireActor before the handler runs, and the services check it again.
-func (s *Server) operationRoutes(csrfProtect fiber.Handler) {
-	s.app.Get("/operations/:id", pageHeaders, s.requireOperator, csrfProtect, handleOperationPage(s))
-	s.app.Post("/operations/:id/outcome", pageHeaders, s.requireOperator, csrfProtect, s.requireActor, handleOperationOutcome(s))
-	s.app.Post("/operations/:id/release", pageHeaders, s.requireOperator, csrfProtect, s.requireActor, handleOperationRelease(s))
-}
-
 // operationFlashes are the only messages a ?done= parameter can show, so a crafted link cannot put
 // arbitrary text on the page.
 var operationFlashes = map[string]string{

@@ -17,11 +17,6 @@ const (
 	queuePageSize = 100
 )
 
-// queueRoutes registers the reconciliation queue page. Every role may view it.
-func (s *Server) queueRoutes(csrfProtect fiber.Handler) {
-	s.app.Get(queueURL, pageHeaders, s.requireOperator, csrfProtect, handleQueuePage(s))
-}
-
 // handleQueuePage is GET /reconciliation?cursor=: every operation in state uncertain that the
 // account may see, superseded or not, oldest first by the time it became uncertain — the same
 // rows the Overview counts as needing reconciliation.
