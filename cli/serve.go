@@ -53,7 +53,7 @@ func serve(ctx context.Context, env Env) error {
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
 		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
-		Sessions: web.NewSessionStorage(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
+		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())

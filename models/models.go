@@ -43,7 +43,7 @@ type Operator struct {
 // TableName pins the table name.
 func (Operator) TableName() string { return "operators" }
 
-// Session is one dashboard session as stored by the fiber.Storage adapter in web/.
+// Session is one dashboard session as stored by services.SessionStore (fiber session storage).
 type Session struct {
 	ID        string
 	Data      []byte

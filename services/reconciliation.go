@@ -104,6 +104,10 @@ type OperatorOperation struct {
 	PossibleDuplicateOf []Generation
 	// Now is the database time the page was read at, the clock that decides expiry.
 	Now time.Time
+	// MayRecordOutcome and MayRelease say which actions the account it was read for may take
+	// on it now (ReconcileOutcome, OperatorRelease), so the page offers only those.
+	MayRecordOutcome bool
+	MayRelease       bool
 }
 
 // ReconcileInput is an operator's confirmed outcome (SPEC.md §5 "Record confirmed outcome").
@@ -176,7 +180,7 @@ func requiredText(s string, max int) string {
 // canAct reports whether acct may record outcomes and release keys (SPEC.md §5): admins and
 // operators; auditors are read-only.
 func canAct(acct *OperatorAccount) error {
-	if acct != nil && (acct.Role == RoleAdmin || acct.Role == RoleOperator) {
+	if MayAct(acct) {
 		return nil
 	}
 	return &Error{Code: CodeUnauthorized, Message: "This account is read-only; only admins and operators may act on operations."}
@@ -294,6 +298,7 @@ func (ds *Dashboard) OperationForOperator(ctx context.Context, acct *OperatorAcc
 		out.PossibleDuplicateOf = append(out.PossibleDuplicateOf, Generation{ID: g.ID, FencingToken: g.FencingToken,
 			State: g.State, AcquiredAt: g.AcquiredAt.UTC()})
 	}
+	out.MayRecordOutcome, out.MayRelease = operatorActions(acct, out)
 	return out, nil
 }
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/csrf"
-	"github.com/gofiber/fiber/v2/middleware/filesystem"
 	"github.com/gofiber/fiber/v2/middleware/limiter"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/static"
@@ -45,27 +44,6 @@ const (
 	operatorKey dashKey = iota
 	csrfTokenKey
 )
-
-// dashboardRoutes registers the operator dashboard (SPEC.md §5). Middleware is attached per
-// route, never with a catch-all Use, so none of it runs for the JSON API.
-func (s *Server) dashboardRoutes() {
-	app := s.app
-	csrfProtect := s.csrfMiddleware()
-	signedIn := s.requireOperator
-
-	app.Use(static.Prefix, staticHeaders, filesystem.New(filesystem.Config{Root: http.FS(static.FS)}))
-
-	app.Get("/login", pageHeaders, s.redirectSignedIn, csrfProtect, handleLoginForm())
-	app.Post("/login", pageHeaders, s.loginLimiter(), csrfProtect, handleLogin(s))
-	app.Post("/logout", pageHeaders, signedIn, csrfProtect, handleLogout(s))
-
-	app.Get("/keys", pageHeaders, signedIn, csrfProtect, handleKeysPage(s))
-	s.overviewRoutes(csrfProtect)
-	s.queueRoutes(csrfProtect)
-	s.operationRoutes(csrfProtect)
-	s.auditRoutes(csrfProtect)
-	s.adminRoutes(csrfProtect)
-}
 
 // renderErrorPage answers a dashboard request that failed, with a message safe to show.
 func (s *Server) renderErrorPage(c *fiber.Ctx, status int, msg string) error {
@@ -262,12 +240,13 @@ func nextOrDefault(raw string) string {
 // navFor builds the page frame's view of the signed-in operator.
 func (s *Server) navFor(c *fiber.Ctx, op *services.OperatorAccount, active string) (views.Nav, error) {
 	scope := "All tenants"
-	if op.TenantID != nil {
+	if !services.SeesAllTenants(op) {
 		name, err := s.dash.TenantName(c.UserContext(), *op.TenantID)
 		if err != nil {
 			return views.Nav{}, err
 		}
 		scope = "Tenant " + name
 	}
-	return views.Nav{Username: op.Username, Role: op.Role, Scope: scope, CSRFToken: csrfToken(c), Active: active}, nil
+	return views.Nav{Username: op.Username, Role: op.Role, Scope: scope, CSRFToken: csrfToken(c), Active: active,
+		ShowAdmin: services.IsGlobalAdmin(op)}, nil
 }

@@ -13,21 +13,6 @@ import (
 // adminURL is the admin page.
 const adminURL = "/admin"
 
-// adminRoutes registers the admin page and its actions (SPEC.md §5, issue 4). requireAdmin
-// runs before the CSRF check, so a non-admin is refused with 403 whatever it sends; the
-// services check the account again.
-func (s *Server) adminRoutes(csrfProtect fiber.Handler) {
-	admin := func(h fiber.Handler) []fiber.Handler {
-		return []fiber.Handler{pageHeaders, s.requireOperator, s.requireAdmin, csrfProtect, h}
-	}
-	s.app.Get(adminURL, admin(handleAdminPage(s))...)
-	s.app.Post(adminURL+"/api-keys", admin(handleAdminKeyCreate(s))...)
-	s.app.Post(adminURL+"/api-keys/:id/revoke", admin(handleAdminKeyRevoke(s))...)
-	s.app.Post(adminURL+"/operators", admin(handleAdminOperatorCreate(s))...)
-	s.app.Post(adminURL+"/operators/:id/role", admin(handleAdminOperatorRole(s))...)
-	s.app.Post(adminURL+"/operators/:id/delete", admin(handleAdminOperatorDelete(s))...)
-}
-
 // adminFlashes are the only messages a ?done= parameter can show.
 var adminFlashes = map[string]string{
 	"revoked":          "API key revoked. Every instance refuses it within a second.",
@@ -37,7 +22,7 @@ var adminFlashes = map[string]string{
 }
 
 // adminRoles are the roles the page offers, most powerful first.
-var adminRoles = []string{services.RoleAdmin, services.RoleOperator, services.RoleAuditor}
+var adminRoles = services.Roles()
 
 // requireAdmin lets only global admins through: a tenant's admin manages nothing
 // installation-wide (see services.IsGlobalAdmin).

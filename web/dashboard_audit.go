@@ -67,13 +67,6 @@ const csvFlushRows = 256
 var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id",
 	"possible_duplicate_effect"}
 
-// auditRoutes registers the Audit page and its CSV export (SPEC.md §5). Every role may view
-// both; csrfProtect issues the token of the page's sign-out form.
-func (s *Server) auditRoutes(csrfProtect fiber.Handler) {
-	s.app.Get("/audit", pageHeaders, s.requireOperator, csrfProtect, handleAuditPage(s))
-	s.app.Get("/audit.csv", pageHeaders, s.requireOperator, handleAuditCSV(s))
-}
-
 // auditQuery is the Audit page's query string as given; the same parameters drive the export.
 type auditQuery struct {
 	From, To, Tenant string
@@ -84,7 +77,7 @@ type auditQuery struct {
 // request's buffers. The message is for the operator when a time is unusable.
 func parseAuditQuery(c *fiber.Ctx, op *services.OperatorAccount) (auditQuery, services.AuditFilter, string) {
 	q := auditQuery{From: strings.Clone(strings.TrimSpace(c.Query("from"))), To: strings.Clone(strings.TrimSpace(c.Query("to")))}
-	if op.TenantID == nil {
+	if services.SeesAllTenants(op) {
 		q.Tenant = strings.Clone(strings.TrimSpace(c.Query("tenant")))
 	}
 	f := services.AuditFilter{Tenant: q.Tenant}
@@ -160,7 +153,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 		const shown = "2006-01-02 15:04:05"
 		props := views.AuditProps{
 			Nav:        nav,
-			ShowTenant: op.TenantID == nil,
+			ShowTenant: services.SeesAllTenants(op),
 			Filter: views.AuditFilterView{
 				From: rep.Filter.From.Format(auditInputLayout), To: rep.Filter.To.Format(auditInputLayout),
 				Tenant: q.Tenant, Active: len(q.values()) > 0,

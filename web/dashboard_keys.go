@@ -117,7 +117,7 @@ func handleKeysPage(s *Server) fiber.Handler {
 		}
 		props := views.KeysProps{
 			Nav:        nav,
-			ShowTenant: op.TenantID == nil,
+			ShowTenant: services.SeesAllTenants(op),
 			Filter: views.KeysFilter{
 				State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
 				Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
@@ -210,6 +210,7 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 	if op != nil {
 		r.OperationURL = "/operations/" + url.PathEscape(op.ID)
 		r.State = op.State
+		r.NeedsAttention = services.NeedsReconciliation(op.State)
 		r.FencingToken = strconv.FormatInt(op.FencingToken, 10)
 		r.Duplicates = strconv.FormatInt(op.DuplicateAttempts, 10)
 		if op.Operation != nil {
@@ -223,12 +224,10 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 			r.Conflicts = "+" + strconv.FormatInt(op.ConflictAttempts, 10) + " conflicts"
 		}
 	}
-	switch {
-	case v.Held && v.ExpiresAt != nil && v.ExpiresAt.After(now):
-		left := v.ExpiresAt.Sub(now)
+	switch hold, left := v.HoldAt(now); hold {
+	case services.HoldLive:
 		r.TTL, r.TTLKind, r.TTLMillis = formatTTL(left), views.TTLLive, strconv.FormatInt(left.Milliseconds(), 10)
-	case op != nil && op.State != services.StateReleased:
-		// The hold ran out; a released key simply has none.
+	case services.HoldExpired:
 		r.TTL, r.TTLKind = "expired", views.TTLExpired
 	}
 	return r

@@ -14,14 +14,6 @@ import (
 	"github.com/idemgate/idemgate/views"
 )
 
-// operationRoutes registers the operation detail page and its actions (SPEC.md §5). The POSTs
-// check the role in requireActor before the handler runs, and the services check it again.
-func (s *Server) operationRoutes(csrfProtect fiber.Handler) {
-	s.app.Get("/operations/:id", pageHeaders, s.requireOperator, csrfProtect, handleOperationPage(s))
-	s.app.Post("/operations/:id/outcome", pageHeaders, s.requireOperator, csrfProtect, s.requireActor, handleOperationOutcome(s))
-	s.app.Post("/operations/:id/release", pageHeaders, s.requireOperator, csrfProtect, s.requireActor, handleOperationRelease(s))
-}
-
 // operationFlashes are the only messages a ?done= parameter can show, so a crafted link cannot put
 // arbitrary text on the page.
 var operationFlashes = map[string]string{
@@ -29,9 +21,11 @@ var operationFlashes = map[string]string{
 	"released": "Key released.",
 }
 
-// operatorMayAct reports whether the account may record outcomes and release keys (SPEC.md §5).
-func operatorMayAct(op *services.OperatorAccount) bool {
-	return op != nil && (op.Role == services.RoleAdmin || op.Role == services.RoleOperator)
+// outcomeChoices are the outcome form's choices: the states an operator's confirmed outcome
+// may set.
+var outcomeChoices = []views.Option{
+	{Value: services.StateSucceeded, Label: "Succeeded — the effect happened"},
+	{Value: services.StateFailed, Label: "Failed — no effect"},
 }
 
 // requireActor refuses the dashboard's state-changing requests to read-only accounts
@@ -39,7 +33,7 @@ func operatorMayAct(op *services.OperatorAccount) bool {
 // account may not see answers 404 first, as its page does: a 403 would confirm that another
 // tenant's operation exists.
 func (s *Server) requireActor(c *fiber.Ctx) error {
-	if operatorMayAct(currentOperator(c)) {
+	if services.MayAct(currentOperator(c)) {
 		return c.Next()
 	}
 	err := s.recon.CheckMayAct(c.UserContext(), currentOperator(c), c.Params("id"))
@@ -178,7 +172,7 @@ func (s *Server) renderOperation(c *fiber.Ctx, status int, form operationForm) e
 	if err != nil {
 		return err
 	}
-	p := operationProps(nav, d, operatorMayAct(acct))
+	p := operationProps(nav, d)
 	p.Flash, p.ActionError, p.Outcome, p.Release = form.flash, form.problem, form.outcome, form.release
 	return render(c, status, views.OperationPage(p))
 }
@@ -210,9 +204,9 @@ func opText(p *string) string {
 	return *p
 }
 
-// operationProps maps the service's view of an operation to the page. canAct is whether the
-// account may act at all; the state and hold decide which forms apply.
-func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) views.OperationProps {
+// operationProps maps the service's view of an operation to the page; the service decided
+// which action forms the account is offered.
+func operationProps(nav views.Nav, d *services.OperatorOperation) views.OperationProps {
 	id := d.ID
 	v := views.OperationView{
 		ID: id, URL: operationURL(id), Key: d.Key, Tenant: d.TenantName, Name: opText(d.Operation.Operation), State: d.State,
@@ -222,6 +216,7 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 		Conflicts: strconv.FormatInt(d.ConflictAttempts, 10), Held: "No",
 		OutcomeActionURL: operationURL(id) + "/outcome", ReleaseActionURL: operationURL(id) + "/release",
 		ReleaseOperation: id, ReleaseFencingTok: strconv.FormatInt(d.FencingToken, 10),
+		AttemptID: d.AdmittedAttemptID(),
 	}
 	if v.Tenant == "" {
 		v.Tenant = "#" + strconv.FormatInt(d.TenantID, 10)
@@ -241,11 +236,6 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 		v.Holder = fmt.Sprintf("%s (fencing token %d)", h.OperationID, h.FencingToken)
 		v.HolderURL = operationURL(h.OperationID)
 	}
-	for _, a := range d.Attempts {
-		if a.Result == services.ResultAdmitted && a.AttemptID != nil && v.AttemptID == "" {
-			v.AttemptID = *a.AttemptID
-		}
-	}
 	if o := d.Outcome; o != nil {
 		v.HasOutcome, v.OutcomeStatus, v.Receipt, v.Note = true, o.Status, opText(o.Receipt), opText(o.Note)
 		v.RecordedBy = o.RecordedBy
@@ -257,8 +247,9 @@ func operationProps(nav views.Nav, d *services.OperatorOperation, canAct bool) v
 		Attempts:        make([]views.AttemptRow, 0, len(d.Attempts)),
 		Events:          make([]views.EventRow, 0, len(d.Events)),
 		Generations:     make([]views.GenerationRow, 0, len(d.Generations)),
-		ShowOutcomeForm: canAct && (d.State == services.StateInProgress || d.State == services.StateUncertain),
-		ShowReleaseForm: canAct && d.HoldsKey && (d.State == services.StateInProgress || d.State == services.StateFailed),
+		ShowOutcomeForm: d.MayRecordOutcome,
+		ShowReleaseForm: d.MayRelease,
+		OutcomeChoices:  outcomeChoices,
 	}
 	for _, a := range d.Attempts {
 		r := views.AttemptRow{Result: a.Result, Caller: a.Caller, AttemptID: opText(a.AttemptID)}

@@ -9,12 +9,6 @@ import (
 	"github.com/idemgate/idemgate/views"
 )
 
-// overviewRoutes registers the Overview page (SPEC.md §5). csrfProtect issues the token of
-// the page's sign-out form.
-func (s *Server) overviewRoutes(csrfProtect fiber.Handler) {
-	s.app.Get("/", pageHeaders, s.requireOperator, csrfProtect, handleOverviewPage(s))
-}
-
 // handleOverviewPage is GET /: counts by state, the number needing reconciliation, and the
 // last 24 hours of attempts, for the tenants the operator may see. Every role may view it.
 func handleOverviewPage(s *Server) fiber.Handler {
@@ -47,7 +41,7 @@ func overviewProps(nav views.Nav, ov *services.Overview) views.OverviewProps {
 	}
 	for _, sc := range ov.Counts {
 		u := keysStateURL(sc.State)
-		if sc.State == services.StateUncertain {
+		if services.NeedsReconciliation(sc.State) {
 			// The count is of operations, superseded ones included, which a listing of keys by
 			// their newest operation would miss: the queue lists exactly these.
 			u = queueURL

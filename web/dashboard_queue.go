@@ -17,11 +17,6 @@ const (
 	queuePageSize = 100
 )
 
-// queueRoutes registers the reconciliation queue page. Every role may view it.
-func (s *Server) queueRoutes(csrfProtect fiber.Handler) {
-	s.app.Get(queueURL, pageHeaders, s.requireOperator, csrfProtect, handleQueuePage(s))
-}
-
 // handleQueuePage is GET /reconciliation?cursor=: every operation in state uncertain that the
 // account may see, superseded or not, oldest first by the time it became uncertain — the same
 // rows the Overview counts as needing reconciliation.
@@ -44,7 +39,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 		if err != nil {
 			return err
 		}
-		p := views.QueueProps{Nav: nav, ShowTenant: op.TenantID == nil, Rows: make([]views.QueueRow, 0, len(page.Items))}
+		p := views.QueueProps{Nav: nav, ShowTenant: services.SeesAllTenants(op), Rows: make([]views.QueueRow, 0, len(page.Items))}
 		if cursor != "" {
 			p.FirstURL = queueURL
 		}

@@ -285,7 +285,7 @@ func TestDashboardLoginShowsKeys(t *testing.T) {
 		require.Equal(t, http.SameSiteLaxMode, sess.SameSite)
 		require.NotEqual(t, before.Value, sess.Value, "the session id must change on sign-in")
 		// The pre-login session is gone from the store: a fixated id is worthless.
-		data, err := NewSessionStorage(f.db).Get(before.Value)
+		data, err := services.NewSessionStore(f.db).Get(before.Value)
 		require.NoError(t, err)
 		require.Nil(t, data)
 

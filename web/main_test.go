@@ -50,7 +50,7 @@ func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
 		Log:            log,
 		DB:             sqlDB,
 		Pool:           db.Pool,
-		Sessions:       NewSessionStorage(db),
+		Sessions:       services.NewSessionStore(db),
 		// The deadline bounds each whole request, CPU work such as bcrypt included; under -race
 		// on shared cores that alone can take seconds. Tests of the deadline set their own.
 		StoreTimeout: 30 * time.Second,

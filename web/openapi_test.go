@@ -406,7 +406,7 @@ func TestReadyzUnavailableMatchesContract(t *testing.T) {
 	s := New(Config{Admission: services.NewAdmission(db, log, 0), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
 		Auth: services.NewAuth(db, log), Log: log,
-		DB: gone, Sessions: NewSessionStorage(db)})
+		DB: gone, Sessions: services.NewSessionStore(db)})
 	res := problemOf(t, (&apiClient{t: t, s: s}).do("GET", "/readyz", nil), http.StatusServiceUnavailable, services.CodeStoreUnavailable)
 	require.NotEmpty(t, res.header.Get("Retry-After"))
 }

@@ -46,8 +46,8 @@ type Config struct {
 	// MetricsToken, when not empty, is the bearer token GET /metrics requires: the metrics name
 	// tenants and their volumes, and SPEC.md §4 leaves the endpoint unauthenticated by default.
 	MetricsToken string
-	// Sessions stores dashboard sessions; use NewSessionStorage for the database-backed one, so
-	// any instance serves any operator and restarts log nobody out (SPEC.md §5).
+	// Sessions stores dashboard sessions; use services.NewSessionStore for the database-backed
+	// one, so any instance serves any operator and restarts log nobody out (SPEC.md §5).
 	Sessions fiber.Storage
 	// SecureCookies marks session and CSRF cookies Secure; set it when served over TLS.
 	SecureCookies bool
@@ -88,6 +88,10 @@ const DefaultWriteTimeout = 30 * time.Second
 
 // DefaultStoreTimeout is Config.StoreTimeout's default.
 const DefaultStoreTimeout = 5 * time.Second
+
+// The database-backed session store is what Config.Sessions is meant to be: fiber's session
+// middleware needs exactly this method set, which services provides without importing fiber.
+var _ fiber.Storage = (*services.SessionStore)(nil)
 
 // Server is the Fiber application with its dependencies.
 type Server struct {

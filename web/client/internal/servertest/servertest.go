@@ -68,7 +68,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		Auth:           auth,
 		Log:            log,
 		DB:             sqlDB,
-		Sessions:       web.NewSessionStorage(db),
+		Sessions:       services.NewSessionStore(db),
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
