@@ -254,8 +254,14 @@ func (a *Auth) CreateOperator(ctx context.Context, username, password, role, ten
 }
 
 // dummyHash is compared against when the username is unknown, so a login takes as long for
-// an unknown user as for a wrong password.
-var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("idemgate-timing-equaliser"), bcrypt.DefaultCost)
+// an unknown user as for a wrong password. It is made on first use, not at package init:
+// generating it costs one bcrypt (tens of milliseconds), which every start of the binary and
+// of every test binary importing services paid even when nobody logs in. Only the first
+// unknown-user login of a process pays that generation on top of its compare.
+var dummyHash = sync.OnceValue(func() []byte {
+	h, _ := bcrypt.GenerateFromPassword([]byte("idemgate-timing-equaliser"), bcrypt.DefaultCost)
+	return h
+})
 
 // Login checks an operator's username and password. Errors: ErrUnauthorized (unknown user or
 // wrong password, indistinguishable), ErrStoreUnavailable.
@@ -263,7 +269,7 @@ func (a *Auth) Login(ctx context.Context, username, password string) (*OperatorA
 	var op models.Operator
 	err := a.db.WithContext(ctx).Where("username = ?", username).Take(&op).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		_ = bcrypt.CompareHashAndPassword(dummyHash, []byte(password))
+		_ = bcrypt.CompareHashAndPassword(dummyHash(), []byte(password))
 		return nil, ErrUnauthorized
 	} else if err != nil {
 		return nil, storeError("login", err)

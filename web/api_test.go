@@ -68,7 +68,7 @@ func (c *apiClient) do(method, path string, body any) apiResult {
 	if c.key != "" {
 		req.Header.Set("Authorization", "Bearer "+c.key)
 	}
-	resp, err := c.s.App().Test(req, -1)
+	resp, err := c.s.app.Test(req, -1)
 	require.NoError(c.t, err)
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)

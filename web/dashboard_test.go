@@ -52,7 +52,7 @@ func (b *dashBrowser) do(req *http.Request) dashPage {
 	for _, c := range b.cookies {
 		req.AddCookie(&http.Cookie{Name: c.Name, Value: c.Value})
 	}
-	resp, err := b.s.App().Test(req, -1)
+	resp, err := b.s.app.Test(req, -1)
 	require.NoError(b.t, err)
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)

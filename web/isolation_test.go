@@ -246,7 +246,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		}
 
 		var routes []string
-		for _, r := range f.s.App().GetRoutes(true) {
+		for _, r := range f.s.app.GetRoutes(true) {
 			if r.Method == http.MethodHead {
 				continue // Fiber's automatic HEAD for each GET
 			}

@@ -76,7 +76,7 @@ type requestLog struct {
 func send(t *testing.T, s *Server, lc *logCapture, req *http.Request) requestLog {
 	t.Helper()
 	before := len(lc.records(t))
-	resp, err := s.App().Test(req, -1)
+	resp, err := s.app.Test(req, -1)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
@@ -133,7 +133,7 @@ func TestEveryLogLineCarriesTheRequestID(t *testing.T) {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			ctx := context.Background()
 			s, lc := newCapturingServer(t, db)
-			s.App().Get("/test/panic", func(*fiber.Ctx) error { panic("handler exploded") })
+			s.app.Get("/test/panic", func(*fiber.Ctx) error { panic("handler exploded") })
 
 			// A panic: 500 problem, the panic with its stack, the failure and the access line.
 			r := send(t, s, lc, jsonRequest("GET", "/test/panic", "", ""))

@@ -28,7 +28,7 @@ type scrape map[string]*dto.MetricFamily
 // scrapeMetrics fetches and parses s's /metrics.
 func scrapeMetrics(t *testing.T, s *Server) scrape {
 	t.Helper()
-	resp, err := s.App().Test(httptest.NewRequest(http.MethodGet, "/metrics", nil), -1)
+	resp, err := s.app.Test(httptest.NewRequest(http.MethodGet, "/metrics", nil), -1)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -255,7 +255,7 @@ func TestOpenAPIDocumentCoversEveryRoute(t *testing.T) {
 	operational := map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/openapi.json": true}
 	s := newTestServer(t, dbs.SQLite)
 	registered := map[string]bool{}
-	for _, r := range s.App().GetRoutes(true) {
+	for _, r := range s.app.GetRoutes(true) {
 		if r.Method == http.MethodHead || !(strings.HasPrefix(r.Path, "/v1/") || operational[r.Path]) {
 			continue // Fiber's automatic HEAD; dashboard routes
 		}

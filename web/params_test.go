@@ -168,7 +168,7 @@ func (w *paramSweepWorld) send(t testing.TB, check bool, method, path, rawQuery,
 			req.AddCookie(&http.Cookie{Name: c.Name, Value: c.Value})
 		}
 	}
-	resp, err := w.s.App().Test(req, -1)
+	resp, err := w.s.app.Test(req, -1)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
@@ -199,7 +199,7 @@ func TestUnstorableParamsRefusedOnEveryRoute(t *testing.T) {
 			w := newParamSweepWorld(t, db)
 			table := w.routes()
 			var routes []string
-			for _, r := range w.s.App().GetRoutes(true) {
+			for _, r := range w.s.app.GetRoutes(true) {
 				if r.Method == http.MethodHead {
 					continue
 				}

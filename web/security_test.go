@@ -72,7 +72,7 @@ func browser(t *testing.T, s *Server, path string) apiResult {
 	t.Helper()
 	req := httptest.NewRequest("GET", path, nil)
 	req.Header.Set("Accept", "text/html")
-	resp, err := s.App().Test(req, -1)
+	resp, err := s.app.Test(req, -1)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	return apiResult{status: resp.StatusCode, header: resp.Header}

@@ -178,12 +178,6 @@ func New(cfg Config) *Server {
 // beside it (services.Reaper.WithObserver): its passes then show in the server's /metrics.
 func (s *Server) Observer() services.Observer { return s.metrics }
 
-// App returns the Fiber application (for tests and for Listen).
-func (s *Server) App() *fiber.App { return s.app }
-
-// Listen serves on addr until Shutdown.
-func (s *Server) Listen(addr string) error { return s.app.Listen(addr) }
-
 // Serve serves on an already bound listener until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 

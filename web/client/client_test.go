@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/web/client"
-	"github.com/idemgate/idemgate/web/client/internal/servertest"
+	"github.com/idemgate/idemgate/web/internal/servertest"
 	"github.com/stretchr/testify/require"
 )
 

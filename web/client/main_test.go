@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/web/client"
-	"github.com/idemgate/idemgate/web/client/internal/servertest"
+	"github.com/idemgate/idemgate/web/internal/servertest"
 )
 
 // dbs is the package's real databases, PostgreSQL and SQLite; every test runs a real idemgate

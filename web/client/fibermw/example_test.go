@@ -9,7 +9,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/idemgate/idemgate/web/client"
 	"github.com/idemgate/idemgate/web/client/fibermw"
-	"github.com/idemgate/idemgate/web/client/internal/servertest"
+	"github.com/idemgate/idemgate/web/internal/servertest"
 )
 
 // idemgateForExample starts a real idemgate server for the example (a service would read its

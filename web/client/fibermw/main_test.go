@@ -15,7 +15,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/web/client"
-	"github.com/idemgate/idemgate/web/client/internal/servertest"
+	"github.com/idemgate/idemgate/web/internal/servertest"
 	"github.com/stretchr/testify/require"
 )
 

@@ -1,4 +1,4 @@
-// Package verify holds the history checker of issue 4 point 1: Jepsen-style concurrent
+// Package history holds the history checker of issue 4 point 1: Jepsen-style concurrent
 // workloads against real idemgate processes, checked for linearizability with
 // github.com/anishathalye/porcupine against a model of SPEC.md §3–4.
 //
@@ -7,8 +7,13 @@
 // check-then-insert acquire or a release without the owner compare, where porcupine must
 // report a violation. Run it with
 //
-//	go test ./verify/ -count=1 -v
-//	VERIFY_DURATION=5m go test ./verify/ -count=1 -v -timeout 30m
+//	go test ./e2e/history/ -count=1 -v
+//	VERIFY_DURATION=5m go test ./e2e/history/ -count=1 -v -timeout 30m
+//
+// It sits under e2e/ because it tests end to end (built binary, real PostgreSQL), but unlike
+// the browser tests in e2e/ itself it needs no Chromium and no e2e build tag: `make test`
+// runs it with the race detector together with every other package, and `make e2e` runs only
+// ./e2e/, not this package.
 //
 // What the model (model_test.go) checks, per key, in every linearization of the history:
 //
@@ -59,4 +64,4 @@
 // 300 ms, and with both servers cut off from PostgreSQL for 2.5 s through TCP proxies (the real
 // server is shared with other test packages and never stopped). Answers during faults may be
 // 503 store_unavailable or lost (unknown outcome), never wrong.
-package verify
+package history

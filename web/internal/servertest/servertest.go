@@ -1,6 +1,8 @@
 // Package servertest starts a real idemgate server (web.New over real services and a real
-// database) on a loopback port, for the tests of the client and its middleware. It is internal
-// so that importing the client never pulls in the server, GORM or a database driver.
+// database) on a loopback port, for the tests of the client (web/client) and its middleware
+// (web/client/fibermw). It is a server test kit, so it sits with the server under web/; being
+// internal, only packages under web/ can import it, and only those tests do, so importing the
+// client never pulls in the server, GORM or a database driver.
 package servertest
 
 import (

@@ -1,4 +1,4 @@
-package verify
+package history
 
 // The checker must catch real bugs: the same workload and model against an in-memory fake of
 // the API, once correct and once with a check-then-insert acquire (the classic race: the

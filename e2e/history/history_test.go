@@ -1,4 +1,4 @@
-package verify
+package history
 
 // The history checker against the real thing: two idemgate processes on one fresh
 // PostgreSQL database, 16 concurrent clients, then porcupine and the database invariants.

@@ -1,4 +1,4 @@
-package verify
+package history
 
 // Issue 4 point 2: the history checker's workload under faults. Each test runs the workload
 // of TestHistoryLinearizableTwoProcesses (two real processes, one fresh PostgreSQL database,
