@@ -143,9 +143,3 @@ func IsUnavailable(err error) bool {
 	}
 	return pgconn.SafeToRetry(err)
 }
-
-// IsCode reports whether err is a domain error with code.
-func IsCode(err error, code string) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == code
-}

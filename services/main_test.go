@@ -1,6 +1,7 @@
 package services
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -41,4 +42,10 @@ func eachDB(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 			fn(t, b)
 		})
 	}
+}
+
+// isCode reports whether err is a domain error with code.
+func isCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
 }

@@ -329,7 +329,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 		require.Equal(t, bAcq.OperationID, held.Holder.OperationID)
 		require.EqualValues(t, 2, held.Holder.FencingToken)
 		require.Equal(t, "attempt-b", deref(held.Holder.AttemptID))
-		require.True(t, IsCode(err, CodeNotOwner))
+		require.True(t, isCode(err, CodeNotOwner))
 		require.Contains(t, err.Error(), bAcq.OperationID)
 
 		require.Equal(t, beforeA, snapshot(t, b, a.OperationID))

@@ -42,7 +42,7 @@ func TestSQLiteLockedAnswersStoreUnavailable(t *testing.T) {
 	key := "busy-key"
 	_, err = adm.Acquire(ctx, p, AcquireInput{Key: key, TTLSeconds: 60})
 	require.Error(t, err)
-	require.True(t, IsCode(err, CodeStoreUnavailable), "a locked database must be store_unavailable: %v", err)
+	require.True(t, isCode(err, CodeStoreUnavailable), "a locked database must be store_unavailable: %v", err)
 
 	_, err = holder.ExecContext(ctx, "ROLLBACK")
 	require.NoError(t, err)

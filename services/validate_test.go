@@ -107,7 +107,7 @@ func metadataOfSize(n int) json.RawMessage {
 func TestAcquireValidation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		maxSecs := int64(b.adm.MaxTTL() / time.Second)
+		maxSecs := int64(b.adm.maxTTL / time.Second)
 		require.EqualValues(t, 30*24*3600, maxSecs)
 		before := countRows(t, b)
 		refused := []struct {
@@ -262,7 +262,7 @@ func TestAcquireTTLCeiling(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		adm := NewAdmission(b.db, slog.New(slog.DiscardHandler), 100*365*24*time.Hour)
-		require.Equal(t, MaxTTL, adm.MaxTTL(), "a larger maximum is cut to what both stores hold")
+		require.Equal(t, MaxTTL, adm.maxTTL, "a larger maximum is cut to what both stores hold")
 		before := countRows(t, b)
 		for _, ttl := range []int64{MaxTTLSeconds + 1, 1 << 32, 1<<63 - 1} {
 			_, err := adm.Acquire(bg, b.p, AcquireInput{Key: "ttl-ceiling", TTLSeconds: ttl})

@@ -32,7 +32,7 @@ func TestDecodeJSONRefusesCoercion(t *testing.T) {
 	for _, body := range []string{"null", "[]", `"x"`, "{\"key\":\"a\xff\"}", `{"key":"a"} {}`, `{"key":`, `{"key":"a",}`} {
 		var req acquireRequest
 		err := decodeJSON([]byte(body), &req)
-		require.True(t, services.IsCode(err, services.CodeInvalidRequest), "%q: %v", body, err)
+		require.ErrorIs(t, err, services.ErrInvalidRequest, "%q", body)
 	}
 	var req acquireRequest
 	require.NoError(t, decodeJSON([]byte(` {"key":"a","ttl_seconds":60,"metadata":{"a":[1]}} `), &req))

@@ -266,7 +266,7 @@ const (
 )
 
 // reconciliationCollector exports idemgate_operations_needing_reconciliation per tenant,
-// counted by the database at scrape time (services.Admission.NeedsReconciliationByTenant) and
+// counted by the database at scrape time (services.Dashboard.NeedsReconciliationByTenant) and
 // cached for reconciliationMaxAge. When the last query failed the gauge is left out of the
 // scrape (rather than showing stale numbers) and the failure is counted in
 // idemgate_reconciliation_query_errors_total; the rest of the scrape is unaffected.

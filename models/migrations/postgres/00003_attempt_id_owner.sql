@@ -61,7 +61,7 @@ BEGIN
         -- Held. Lock the holder's operation row (the counter update below) and re-check that it
         -- was not released meanwhile: without the lock, a release committing between our read
         -- of the key and our read of the operation let us answer "duplicate" about an operation
-        -- that no longer held the key (found by the history checker in verify/). Holding the
+        -- that no longer held the key (found by the history checker in e2e/history/). Holding the
         -- operation row, a concurrent release (key row, then operation row) waits for us, and we
         -- never lock the key row here, so the two cannot deadlock.
         SELECT * INTO v_h FROM operations o WHERE o.id = v_k.holder_operation_id;

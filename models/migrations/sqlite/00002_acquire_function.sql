@@ -1,6 +1,6 @@
 -- +goose Up
 -- Placeholder so both dialects share version numbers: on SQLite, acquire runs as an ordinary
--- immediate transaction in Go (services/admission_sqlite.go), as SQLite has no stored functions.
+-- immediate transaction in Go (services/store_sqlite.go), as SQLite has no stored functions.
 SELECT 1;
 
 -- +goose Down
