@@ -46,7 +46,6 @@ func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admiss
 	return &Admission{db: db, st: newStore(db), log: log, maxTTL: maxTTL, obs: nopObserver{}}
 }
 
-
 // AcquireInput is an acquire request (SPEC.md §4 "POST /v1/acquire"). Nil pointers are absent
 // fields. Metadata, when set, must be a JSON object.
 type AcquireInput struct {
