@@ -106,7 +106,8 @@ type Operation struct {
 	// was. The reconciliation queue is ordered by it.
 	UncertainAt *time.Time
 	// DuplicateAttempts and ConflictAttempts count the attempts answered about this operation
-	// as duplicate or conflict, kept on the row so reading them is O(1).
+	// as duplicate or conflict: on SQLite all of them; on PostgreSQL those counted before
+	// migration 00005, the rest being in its OperationCounter rows.
 	DuplicateAttempts int64
 	ConflictAttempts  int64
 }
@@ -148,3 +149,17 @@ type Event struct {
 
 // TableName pins the table name.
 func (Event) TableName() string { return "events" }
+
+// OperationCounter is one share of an operation's duplicate and conflict counts: PostgreSQL's
+// acquire counts each duplicate or conflicting attempt in a row of its own connection (Shard
+// is the backend pid), so a retry storm on one key never waits on a shared row (migration
+// 00005). An operation's counts are its own columns plus the sum of its counter rows.
+type OperationCounter struct {
+	OperationID       string
+	Shard             int64
+	DuplicateAttempts int64
+	ConflictAttempts  int64
+}
+
+// TableName pins the table name.
+func (OperationCounter) TableName() string { return "operation_counters" }

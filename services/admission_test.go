@@ -172,17 +172,19 @@ func snapshot(t *testing.T, b *testBundle, opID string) opState {
 	t.Helper()
 	var s opState
 	require.NoError(t, b.db.Where("id = ?", opID).Take(&s.Op).Error)
+	require.NoError(t, addCounters(b.db.DB, &s.Op))
 	require.NoError(t, b.db.Where("tenant_id = ? AND key = ?", s.Op.TenantID, s.Op.Key).Take(&s.Key).Error)
 	require.NoError(t, b.db.Where("operation_id = ?", opID).Order("id").Find(&s.Events).Error)
 	require.NoError(t, b.db.Model(&models.Attempt{}).Where("tenant_id = ?", s.Op.TenantID).Count(&s.Attempts).Error)
 	return s
 }
 
-// opRow reads one operation row straight from the database.
+// opRow reads one operation row straight from the database, with its counter rows added.
 func opRow(t *testing.T, b *testBundle, opID string) models.Operation {
 	t.Helper()
 	var m models.Operation
 	require.NoError(t, b.db.Where("id = ?", opID).Take(&m).Error)
+	require.NoError(t, addCounters(b.db.DB, &m))
 	return m
 }
 

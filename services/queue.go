@@ -147,6 +147,9 @@ func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilt
 			names[t.ID] = t.Name
 		}
 	}
+	if err := addCounters(tx, pointers(ms)...); err != nil {
+		return nil, storeError("list operations", err)
+	}
 	for i := range ms {
 		m := &ms[i]
 		page.Items = append(page.Items, QueuedOperation{Operation: operationFromModel(m, held[m.ID]),

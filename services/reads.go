@@ -55,6 +55,9 @@ func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Oper
 		Count(&held).Error; err != nil {
 		return nil, err
 	}
+	if err := addCounters(tx, &m); err != nil {
+		return nil, err
+	}
 	op := operationFromModel(&m, held > 0)
 	return &op, nil
 }
@@ -260,6 +263,9 @@ func (r *reader) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]Ke
 		}
 		for i := range ms {
 			ops[ms[i].ID] = &ms[i]
+		}
+		if err := addCounters(tx, pointers(ms)...); err != nil {
+			return nil, err
 		}
 	}
 	out := make([]KeyView, 0, len(ks))

@@ -160,6 +160,9 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 			if a.Error != nil {
 				return a.Error
 			}
+			if err := tx.Where("operation_id IN ?", ids).Delete(&models.OperationCounter{}).Error; err != nil {
+				return err
+			}
 			d := tx.Where("id IN ?", ids).Delete(&models.Operation{})
 			batch = ReapResult{OperationsPurged: d.RowsAffected, AttemptsPurged: a.RowsAffected, EventsPurged: e.RowsAffected}
 			return d.Error

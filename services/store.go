@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
@@ -119,4 +120,45 @@ func jsonArg(raw json.RawMessage) *string {
 	}
 	s := string(raw)
 	return &s
+}
+
+// addCounters adds to each of ms the duplicate and conflict attempts counted in its
+// OperationCounter rows (PostgreSQL's acquire counts there, one row per connection, so a retry
+// storm on one key never waits on a shared row; see migration 00005), with one query for all
+// of them. An operation's counts are its own columns plus these.
+func addCounters(tx *gorm.DB, ms ...*models.Operation) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	byID := make(map[string]*models.Operation, len(ms))
+	ids := make([]string, 0, len(ms))
+	for _, m := range ms {
+		byID[strings.ToLower(m.ID)] = m
+		ids = append(ids, m.ID)
+	}
+	var sums []struct {
+		OperationID string
+		D, C        int64
+	}
+	if err := tx.Model(&models.OperationCounter{}).
+		Select("operation_id, SUM(duplicate_attempts) AS d, SUM(conflict_attempts) AS c").
+		Where("operation_id IN ?", ids).Group("operation_id").Scan(&sums).Error; err != nil {
+		return err
+	}
+	for _, s := range sums {
+		if m := byID[strings.ToLower(s.OperationID)]; m != nil {
+			m.DuplicateAttempts += s.D
+			m.ConflictAttempts += s.C
+		}
+	}
+	return nil
+}
+
+// pointers returns pointers to the elements of s, for functions that update them in place.
+func pointers[T any](s []T) []*T {
+	out := make([]*T, len(s))
+	for i := range s {
+		out[i] = &s[i]
+	}
+	return out
 }
