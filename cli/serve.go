@@ -26,6 +26,7 @@ func serve(ctx context.Context, env Env) error {
 	}
 	defer db.Close()
 	auth := services.NewAuth(db, log)
+	go auth.WarmUp()
 	bctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	boot, err := auth.Bootstrap(bctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
 	cancel()

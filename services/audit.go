@@ -18,7 +18,7 @@ const (
 	// MaxAuditSpan bounds the range so one request cannot scan the whole attempt log.
 	MaxAuditSpan = 31 * 24 * time.Hour
 	// MaxAuditGroups caps the grouped report; AuditReport.Truncated says when more matched.
-	// The CSV export (AuditAttempts) has no cap.
+	// The CSV export (Attempts) has no cap.
 	MaxAuditGroups = 500
 )
 
@@ -105,7 +105,7 @@ type AuditRow struct {
 	PossibleDuplicateEffect bool
 }
 
-// ResolveAuditFilter fills in f's defaults from the database clock and validates it: To must
+// ResolveFilter fills in f's defaults from the database clock and validates it: To must
 // be after From and the span at most MaxAuditSpan. Times come back in UTC. Resolving a
 // resolved filter changes nothing, so callers may resolve first (to report a bad range before
 // streaming) and pass the result on. Errors: ErrInvalidRequest (fields "from", "to"),
@@ -148,11 +148,11 @@ func (au *Audit) auditScope(ctx context.Context, tenantID *int64, name string) (
 	return &ts[0].ID, true, nil
 }
 
-// Audit reports the duplicate and conflicting attempts in f's range, and the admissions in it
+// Report reports the duplicate and conflicting attempts in f's range, and the admissions in it
 // that were a possible duplicate effect, grouped by (tenant, key), for one tenant or every
 // tenant when tenantID is nil (SPEC.md §5 "Audit"). At most
 // MaxAuditGroups groups, most recent last attempt first. Errors: ErrInvalidRequest (bad
-// range, see ResolveAuditFilter), ErrStoreUnavailable.
+// range, see ResolveFilter), ErrStoreUnavailable.
 func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {
 	f, err := au.ResolveFilter(ctx, f)
 	if err != nil {
@@ -274,10 +274,10 @@ func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*A
 	return rep, nil
 }
 
-// AuditExportBatch is how many rows AuditAttempts reads with one query.
+// AuditExportBatch is how many rows Attempts reads with one query.
 const AuditExportBatch = 500
 
-// AuditAttempts calls fn with every audited attempt in f's range (see AuditRow: duplicates,
+// Attempts calls fn with every audited attempt in f's range (see AuditRow: duplicates,
 // conflicts, and admissions that were a possible duplicate effect), in the order they were
 // logged (attempt id; oldest first, up to attempts logged concurrently), for one tenant or
 // every tenant when tenantID is nil. Rows are read AuditExportBatch at a time, each batch by

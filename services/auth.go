@@ -263,6 +263,11 @@ var dummyHash = sync.OnceValue(func() []byte {
 	return h
 })
 
+// WarmUp makes the one-time hash that equalises login timing now, so that even the first
+// login for an unknown user takes as long as a wrong password. serve calls it in the
+// background at start; it is safe to call any number of times.
+func (a *Auth) WarmUp() { dummyHash() }
+
 // Login checks an operator's username and password. Errors: ErrUnauthorized (unknown user or
 // wrong password, indistinguishable), ErrStoreUnavailable.
 func (a *Auth) Login(ctx context.Context, username, password string) (*OperatorAccount, error) {

@@ -20,7 +20,7 @@ const modulePath = "github.com/idemgate/idemgate"
 // (views: the generated *_templ.go, which make check keeps in step with the .templ files):
 //
 //   - nothing under web/ imports models or gorm.io, except the test kits under
-//     web/client/internal/, which build a whole server over a database as cli does;
+//     web/internal/servertest, which builds a whole server over a database as cli does;
 //   - views/ imports no package of this repository but services and static, and nothing
 //     from gorm.io;
 //   - static/ imports no package of this repository, so that allowing it in views lets no
@@ -36,7 +36,7 @@ func TestImportBoundary(t *testing.T) {
 		refuse func(path string) bool
 		why    string
 	}{
-		{dir: "web", skip: []string{"web/client/internal"}, refuse: storage,
+		{dir: "web", skip: []string{"web/internal/servertest"}, refuse: storage,
 			why: "web must reach the database through services"},
 		{dir: "views", refuse: func(path string) bool {
 			if storage(path) {

@@ -31,7 +31,7 @@ const auditInputLayout = "2006-01-02T15:04"
 // each write to the client pushes the connection's write deadline to now + the server's write
 // timeout (progressWriter), so a client that stops reading is cut off after that idle bound
 // and one that keeps reading never is. A slow client costs no database connection meanwhile:
-// rows are read in short batches (services.AuditAttempts), each bounded by the store timeout.
+// rows are read in short batches (services.Audit.Attempts), each bounded by the store timeout.
 
 // progressWriter extends conn's write deadline to now+idle as bytes are handed to w, at most
 // every idle/4 (and at least every second) to keep the system calls rare. The bytes go to

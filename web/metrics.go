@@ -18,8 +18,9 @@ import (
 )
 
 // metrics are the Prometheus series this package records (exposed at GET /metrics). It is the
-// services.Observer of the server's Admission and of the reaper (Server.Observer), so every
-// decision is counted where it is taken, whichever route or process loop asked for it.
+// services.Observer of the server's Admission and Reconciliation and of the reaper
+// (Server.Observer), so every decision is counted where it is taken, whichever route or
+// process loop asked for it.
 //
 // Label cardinality is bounded by construction: results and statuses are the fixed codes of
 // services, routes are the registered patterns (routeLabel), and tenant is the name of a

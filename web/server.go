@@ -119,6 +119,13 @@ type Server struct {
 
 // New builds the Fiber application with every route of routes.go.
 func New(cfg Config) *Server {
+	for name, missing := range map[string]bool{"Admission": cfg.Admission == nil, "Reads": cfg.Reads == nil,
+		"Reconciliation": cfg.Reconciliation == nil, "Dashboard": cfg.Dashboard == nil, "Audit": cfg.Audit == nil,
+		"Auth": cfg.Auth == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
+		if missing {
+			panic("web.New: Config." + name + " is required")
+		}
+	}
 	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
 		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout}
 	if s.storeTimeout <= 0 {

@@ -87,7 +87,7 @@ BEGIN
           -- Released between our reads, so the key is free now. Deciding again here would lock
           -- the key row after the operation row (PostgreSQL keeps the row lock it took to
           -- re-check our UPDATE), the reverse of release's order, and could deadlock; the
-          -- caller re-runs the whole statement instead (services/admission.go).
+          -- caller re-runs the whole statement instead (services/store_postgres.go).
           RAISE EXCEPTION 'idemgate: hold released during acquire; retry'
             USING ERRCODE = 'serialization_failure';
         END IF;

@@ -1,6 +1,6 @@
 -- +goose Up
 -- An attempt_id retry is honoured only for the API key that created the hold and only while the
--- operation is in_progress (services/admission.go "Acquire"). operations.api_key_id records the
+-- operation is in_progress (services/rules.go, answerOnLiveHold). operations.api_key_id records the
 -- creating key; rows from before this migration have none, so their attempt_id is never honoured
 -- again (a retry of such a hold is an ordinary duplicate: the safe reading).
 ALTER TABLE operations ADD COLUMN api_key_id bigint;
@@ -96,7 +96,7 @@ BEGIN
           -- Released between our reads, so the key is free now. Deciding again here would lock
           -- the key row after the operation row (PostgreSQL keeps the row lock it took to
           -- re-check our UPDATE), the reverse of release's order, and could deadlock; the
-          -- caller re-runs the whole statement instead (services/admission.go).
+          -- caller re-runs the whole statement instead (services/store_postgres.go).
           RAISE EXCEPTION 'idemgate: hold released during acquire; retry'
             USING ERRCODE = 'serialization_failure';
         END IF;
