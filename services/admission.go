@@ -124,6 +124,61 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	if err != nil {
 		return nil, storeError("acquire", err)
 	}
+	return a.answer(ctx, p, in, d, owner)
+}
+
+// MaxBatchItems is the most items one AcquireBatch may carry.
+const MaxBatchItems = 500
+
+// BatchItem is one item's answer in AcquireBatch: exactly what Acquire would have answered for
+// it alone, either Acquisition or Err (ErrInvalidRequest with Fields, ErrFingerprintMismatch).
+type BatchItem struct {
+	Acquisition *Acquisition
+	Err         error
+}
+
+// AcquireBatch decides items, in order, in p's tenant, as one database round trip and one
+// transaction (SPEC.md §9). Items are independent: each gets the answer Acquire would have
+// given it (an invalid item is refused alone and logs no attempt), and two items with the same
+// key are decided in order, the second seeing the first. Every valid item is logged as an
+// attempt in the transaction of its decision. Errors for the whole batch: ErrInvalidRequest
+// (no items, or more than MaxBatchItems), ErrStoreUnavailable (nothing was decided, or, if a
+// commit was cut off, every item's attempt_id retry gets its operation back).
+func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []AcquireInput) ([]BatchItem, error) {
+	if len(items) < 1 || len(items) > MaxBatchItems {
+		return nil, invalid(FieldError{Field: "items", Message: fmt.Sprintf("must hold 1 to %d acquire requests", MaxBatchItems)})
+	}
+	out := make([]BatchItem, len(items))
+	args := make([]acquireArgs, 0, len(items))
+	idx := make([]int, 0, len(items))
+	owners := make([]string, 0, len(items))
+	for i, in := range items {
+		meta, err := in.validate(a.maxTTL)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		owner := newSecret(ownerTokenPrefix)
+		args = append(args, acquireArgs{p: p, in: in, meta: meta, opID: uuid.NewString(), ownerHash: hashSecret(owner)})
+		idx = append(idx, i)
+		owners = append(owners, owner)
+	}
+	if len(args) == 0 {
+		return out, nil
+	}
+	ds, err := a.st.acquireBatch(ctx, args)
+	if err != nil {
+		return nil, storeError("acquire batch", err)
+	}
+	for j, d := range ds {
+		i := idx[j]
+		out[i].Acquisition, out[i].Err = a.answer(ctx, p, items[i], d, owners[j])
+	}
+	return out, nil
+}
+
+// answer turns a store's decision on in into what the caller is told, and reports it.
+func (a *Admission) answer(ctx context.Context, p Principal, in AcquireInput, d decision, owner string) (*Acquisition, error) {
 	a.obs.AcquireDecided(ctx, p.TenantName, d.result)
 	switch d.result {
 	case ResultConflict:

@@ -22,6 +22,11 @@ type store interface {
 	// logs it as an attempt in that transaction. Errors are database errors (the caller maps
 	// them with storeError); the decision itself is never an error.
 	acquire(ctx context.Context, a acquireArgs) (decision, error)
+	// acquireBatch decides each of as, in order, in one transaction and one round trip: an
+	// item sees the items before it (two items with one key: the second is decided after the
+	// first). It returns one decision per item, in order; an error means nothing was
+	// decided (or, for an error cut off at commit, nothing is known).
+	acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error)
 	// lock makes q's SELECT take the row locks a read-modify-write needs: FOR UPDATE on
 	// PostgreSQL; nothing on SQLite, whose immediate transactions already hold the database's
 	// single write lock from BEGIN.

@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
@@ -79,14 +80,68 @@ func (s pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
-	d := decision{result: row.Result, readmitted: row.Readmitted, op: row.operation()}
-	if row.PrevID != nil && row.PrevState != nil {
-		d.prev = &PreviousOperation{
-			ID: *row.PrevID, State: *row.PrevState, FencingToken: deref(row.PrevFencingToken),
-			OutcomeStatus: row.PrevOutcomeStatus, OutcomeReceipt: row.PrevOutcomeReceipt,
+	return row.decision(), nil
+}
+
+// acquireBatchSQL decides a batch with idemgate_acquire_batch (migration 00006): one
+// statement, items in order.
+const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
+  $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[])`
+
+func (s pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error) {
+	n := len(as)
+	tenants, keys, ttls := make([]int64, n), make([]string, n), make([]int32, n)
+	names, fps, corrs, metas, atts := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+	callers, opIDs, owners, apiKeys := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
+	for i, a := range as {
+		tenants[i], keys[i], ttls[i] = a.p.TenantID, a.in.Key, int32(a.in.TTLSeconds)
+		names[i], fps[i], corrs[i], metas[i], atts[i] = a.in.Operation, a.in.Fingerprint, a.in.CorrelationID, jsonArg(a.meta), a.in.AttemptID
+		callers[i], opIDs[i], owners[i], apiKeys[i] = a.p.Prefix, a.opID, a.ownerHash, a.p.APIKeyID
+	}
+	var err error
+	for try := 0; try < 5; try++ {
+		var ds []decision
+		if ds, err = s.acquireBatchOnce(ctx, n, tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys); err == nil {
+			return ds, nil
+		} else if !isRetryable(err) {
+			return nil, err
 		}
 	}
-	return d, nil
+	return nil, err
+}
+
+func (s pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]decision, error) {
+	rows, err := s.db.Pool.Query(ctx, acquireBatchSQL, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	ds := make([]decision, n)
+	seen := 0
+	for rows.Next() {
+		var ord int32
+		var row acquireRow
+		if err := rows.Scan(&ord, &row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
+			&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
+			&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
+			&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
+			&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
+			&row.OpDuplicateAttempts, &row.OpConflictAttempts); err != nil {
+			return nil, err
+		}
+		if ord < 1 || int(ord) > n {
+			return nil, fmt.Errorf("acquire batch: result for item %d of %d", ord, n)
+		}
+		ds[ord-1] = row.decision()
+		seen++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if seen != n {
+		return nil, fmt.Errorf("acquire batch: %d results for %d items", seen, n)
+	}
+	return ds, nil
 }
 
 // isRetryable reports a PostgreSQL serialization failure or deadlock: the statement was rolled
@@ -143,6 +198,18 @@ type acquireRow struct {
 	OpReleaseReason     *string
 	OpDuplicateAttempts int64
 	OpConflictAttempts  int64
+}
+
+// decision is the row as a store's answer.
+func (r *acquireRow) decision() decision {
+	d := decision{result: r.Result, readmitted: r.Readmitted, op: r.operation()}
+	if r.PrevID != nil && r.PrevState != nil {
+		d.prev = &PreviousOperation{
+			ID: *r.PrevID, State: *r.PrevState, FencingToken: deref(r.PrevFencingToken),
+			OutcomeStatus: r.PrevOutcomeStatus, OutcomeReceipt: r.PrevOutcomeReceipt,
+		}
+	}
+	return d
 }
 
 func (r *acquireRow) operation() Operation {

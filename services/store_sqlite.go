@@ -22,10 +22,35 @@ func (sqliteStore) lock(q *gorm.DB) *gorm.DB { return q }
 func (sqliteStore) hourOf(col string) string { return "strftime('%Y-%m-%d %H', " + col + ")" }
 
 func (s sqliteStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
+	var d decision
+	err := s.db.Tx(ctx, func(tx *gorm.DB) (err error) {
+		d, err = s.acquireTx(tx, a)
+		return err
+	})
+	return d, err
+}
+
+func (s sqliteStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error) {
+	var ds []decision
+	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
+		ds = make([]decision, 0, len(as))
+		for _, a := range as {
+			d, err := s.acquireTx(tx, a)
+			if err != nil {
+				return err
+			}
+			ds = append(ds, d)
+		}
+		return nil
+	})
+	return ds, err
+}
+
+// acquireTx decides one acquire inside tx, an immediate transaction.
+func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 	p, in := a.p, a.in
 	var d decision
-	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
-		d = decision{}
+	err := func() error {
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		expires := now.Add(time.Duration(in.TTLSeconds) * time.Second)
 		newOp := models.Operation{
@@ -108,6 +133,6 @@ func (s sqliteStore) acquire(ctx context.Context, a acquireArgs) (decision, erro
 		}
 		d.op = operationFromModel(&op, true)
 		return nil
-	})
+	}()
 	return d, err
 }
