@@ -51,7 +51,7 @@ func serve(ctx context.Context, env Env) error {
 		return err
 	}
 	srv := web.New(web.Config{
-		Admission: services.NewAdmission(db, log, cfg.MaxTTL), Reads: services.NewReads(db),
+		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
 		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,

@@ -46,6 +46,17 @@ func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admiss
 	return &Admission{db: db, st: newStore(db), log: log, maxTTL: maxTTL, obs: nopObserver{}}
 }
 
+// WithGroupAdmission returns a copy of a that gathers concurrent acquires into one statement
+// (on) or decides each alone (off). New Admissions group on PostgreSQL (see grouper in
+// group.go); SQLite always decides each alone. a itself is not changed.
+func (a *Admission) WithGroupAdmission(on bool) *Admission {
+	c := *a
+	if pg, ok := a.st.(*pgStore); ok {
+		c.st = pg.withGroup(on)
+	}
+	return &c
+}
+
 // AcquireInput is an acquire request (SPEC.md §4 "POST /v1/acquire"). Nil pointers are absent
 // fields. Metadata, when set, must be a JSON object.
 type AcquireInput struct {

@@ -40,7 +40,7 @@ type store interface {
 // runs on.
 func newStore(db *models.DB) store {
 	if db.Dialect == models.Postgres {
-		return pgStore{db: db}
+		return newPgStore(db)
 	}
 	return sqliteStore{db: db}
 }

@@ -19,11 +19,48 @@ import (
 // through the rules and both stores.
 type pgStore struct {
 	db *models.DB
+	// group gathers concurrent acquires into batches (group.go); nil decides each alone.
+	group *grouper
 }
 
-func (s pgStore) lock(q *gorm.DB) *gorm.DB { return q.Clauses(clause.Locking{Strength: "UPDATE"}) }
+// groupMaxInFlight is how many acquire statements group admission runs at once per process;
+// acquires arriving while that many run wait and go together in the next batch.
+// groupMaxItems bounds a batch.
+const (
+	groupMaxInFlight = 4
+	groupMaxItems    = 64
+	// groupLockTimeout is the lock timeout of a batch of others' acquires (see grouper).
+	groupLockTimeout = "20ms"
+)
 
-func (pgStore) hourOf(col string) string {
+// withGroup returns a store over the same database that groups acquires (on) or not.
+func (s *pgStore) withGroup(on bool) *pgStore {
+	if !on {
+		return &pgStore{db: s.db}
+	}
+	if s.group != nil {
+		return s
+	}
+	return newPgStore(s.db)
+}
+
+func newPgStore(db *models.DB) *pgStore {
+	s := &pgStore{db: db}
+	s.group = &grouper{
+		single: s.acquireAlone,
+		batch: func(ctx context.Context, as []acquireArgs) ([]decision, error) {
+			return s.acquireMany(ctx, as, groupLockTimeout)
+		},
+		bound:       func() (context.Context, context.CancelFunc) { return db.Bounded(context.Background()) },
+		maxInFlight: groupMaxInFlight,
+		maxItems:    groupMaxItems,
+	}
+	return s
+}
+
+func (s *pgStore) lock(q *gorm.DB) *gorm.DB { return q.Clauses(clause.Locking{Strength: "UPDATE"}) }
+
+func (*pgStore) hourOf(col string) string {
 	return "to_char(" + col + " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24')"
 }
 
@@ -66,7 +103,15 @@ SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5
                                  $8::text, $9::text, $10::uuid, $11::text, $12::bigint) f
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
-func (s pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
+func (s *pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
+	if s.group != nil {
+		return s.group.acquire(ctx, a)
+	}
+	return s.acquireAlone(ctx, a)
+}
+
+// acquireAlone decides one acquire with acquireSQL.
+func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs) (decision, error) {
 	// A statement that lost a race it cannot resolve in place (serialization failure: the
 	// holder released while we read it; or a deadlock victim) changed nothing, and the next try
 	// sees the winner's committed state. A few tries always suffice in practice.
@@ -86,9 +131,15 @@ func (s pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
 // acquireBatchSQL decides a batch with idemgate_acquire_batch (migration 00006): one
 // statement, items in order.
 const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
-  $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[])`
+  $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::text)`
 
-func (s pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error) {
+func (s *pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error) {
+	return s.acquireMany(ctx, as, "")
+}
+
+// acquireMany decides as with acquireBatchSQL; lockTimeout, when not "", bounds every row-lock
+// wait of the statement (a 55P03 lock_not_available error then means nothing was decided).
+func (s *pgStore) acquireMany(ctx context.Context, as []acquireArgs, lockTimeout string) ([]decision, error) {
 	n := len(as)
 	tenants, keys, ttls := make([]int64, n), make([]string, n), make([]int32, n)
 	names, fps, corrs, metas, atts := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
@@ -98,10 +149,14 @@ func (s pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision
 		names[i], fps[i], corrs[i], metas[i], atts[i] = a.in.Operation, a.in.Fingerprint, a.in.CorrelationID, jsonArg(a.meta), a.in.AttemptID
 		callers[i], opIDs[i], owners[i], apiKeys[i] = a.p.Prefix, a.opID, a.ownerHash, a.p.APIKeyID
 	}
+	var lt *string
+	if lockTimeout != "" {
+		lt = &lockTimeout
+	}
 	var err error
 	for try := 0; try < 5; try++ {
 		var ds []decision
-		if ds, err = s.acquireBatchOnce(ctx, n, tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys); err == nil {
+		if ds, err = s.acquireBatchOnce(ctx, n, tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt); err == nil {
 			return ds, nil
 		} else if !isRetryable(err) {
 			return nil, err
@@ -110,7 +165,7 @@ func (s pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision
 	return nil, err
 }
 
-func (s pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]decision, error) {
+func (s *pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]decision, error) {
 	rows, err := s.db.Pool.Query(ctx, acquireBatchSQL, args...)
 	if err != nil {
 		return nil, err
@@ -144,6 +199,13 @@ func (s pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]de
 	return ds, nil
 }
 
+// isLockTimeout reports a PostgreSQL lock_not_available error: a statement run with a lock
+// timeout would have waited longer on a row lock, and was undone.
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
 // isRetryable reports a PostgreSQL serialization failure or deadlock: the statement was rolled
 // back whole and may simply run again.
 func isRetryable(err error) bool {
@@ -151,7 +213,7 @@ func isRetryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
-func (s pgStore) acquireOnce(ctx context.Context, a acquireArgs, row *acquireRow) error {
+func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, row *acquireRow) error {
 	// The hottest statement goes straight to the pgx pool under GORM: GORM's Raw rebuilt the
 	// 3 KB statement and interpolated it for its trace logger on every call, which cost more CPU
 	// than the rest of the request. pgx caches the prepared statement per connection.

@@ -5,12 +5,14 @@
 -- an item sees the items before it (two items with one key: the second is decided after the
 -- first). Arguments are one array per parameter of idemgate_acquire, index i being item i;
 -- p_metadata is text (JSON or NULL) per item. Each result row is idemgate_acquire's row for
--- item ord (1-based).
+-- item ord (1-based). p_lock_timeout, when given (e.g. '20ms'), bounds every row-lock wait of the
+-- batch; past it the whole statement fails with lock_not_available and nothing is decided.
 -- +goose StatementBegin
 CREATE FUNCTION idemgate_acquire_batch(
   p_tenant_ids bigint[], p_keys text[], p_ttl_seconds integer[], p_operation_names text[],
   p_fingerprints text[], p_correlation_ids text[], p_metadata text[], p_attempt_ids text[],
-  p_callers text[], p_operation_ids uuid[], p_owner_token_hashes text[], p_api_key_ids bigint[])
+  p_callers text[], p_operation_ids uuid[], p_owner_token_hashes text[], p_api_key_ids bigint[],
+  p_lock_timeout text DEFAULT NULL)
 RETURNS TABLE (
   ord integer, result text, readmitted boolean, db_now timestamptz,
   prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
@@ -23,6 +25,12 @@ RETURNS TABLE (
   op_duplicate_attempts bigint, op_conflict_attempts bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+  IF p_lock_timeout IS NOT NULL THEN
+    -- Group admission (services/group.go) batches different callers' acquires: none of them may
+    -- wait long on a row lock for another's key. The setting lasts until the statement's
+    -- transaction ends.
+    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+  END IF;
   FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
     RETURN QUERY
       SELECT i, f.* FROM idemgate_acquire(p_tenant_ids[i], p_keys[i], p_ttl_seconds[i],
@@ -36,4 +44,4 @@ $$;
 
 -- +goose Down
 DROP FUNCTION idemgate_acquire_batch(bigint[], text[], integer[], text[], text[], text[], text[], text[],
-                                     text[], uuid[], text[], bigint[]);
+                                     text[], uuid[], text[], bigint[], text);
