@@ -14,9 +14,11 @@ import (
 	"github.com/idemgate/idemgate/models/modeltest"
 )
 
-// BenchmarkAcquire measures Acquire through the service layer on each dialect: "new" admits a
-// fresh key per call, "duplicate" answers an already held key. Compare dialects and paths with
-// each other in the same run (benchstat), never with a fixed number.
+// BenchmarkAcquire measures Acquire through the service layer on each dialect, 16 concurrent
+// callers per CPU: "new" admits a fresh key per call (on PostgreSQL with group admission, and
+// "new-alone" without it), "hot" answers duplicates of one held key (a retry storm), and
+// "batch100" admits 100 fresh keys per AcquireBatch call. Each reports acquires/s; compare
+// modes and dialects with each other in the same run, never with a fixed number.
 func BenchmarkAcquire(b *testing.B) {
 	for _, db := range dbs.All() {
 		log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -24,29 +26,51 @@ func BenchmarkAcquire(b *testing.B) {
 		p := Principal{TenantID: modeltest.Tenant(b, db), Prefix: "idg_bench"}
 		ctx := context.Background()
 		var n atomic.Int64
-		b.Run(string(db.Dialect)+"/new", func(b *testing.B) {
+		parallel := func(b *testing.B, each func() error) {
+			b.SetParallelism(16)
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := adm.Acquire(ctx, p, AcquireInput{Key: fmt.Sprintf("bench-%d", n.Add(1)), TTLSeconds: 3600}); err != nil {
+					if err := each(); err != nil {
 						b.Error(err)
 						return
 					}
 				}
 			})
-		})
-		if _, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-dup", TTLSeconds: 3600}); err != nil {
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acquires/s")
+		}
+		newKey := func(adm *Admission) func() error {
+			return func() error {
+				_, err := adm.Acquire(ctx, p, AcquireInput{Key: fmt.Sprintf("bench-%d", n.Add(1)), TTLSeconds: 3600})
+				return err
+			}
+		}
+		b.Run(string(db.Dialect)+"/new", func(b *testing.B) { parallel(b, newKey(adm)) })
+		if db.Dialect == models.Postgres {
+			b.Run(string(db.Dialect)+"/new-alone", func(b *testing.B) { parallel(b, newKey(adm.WithGroupAdmission(false))) })
+		}
+		if _, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-hot", TTLSeconds: 3600}); err != nil {
 			b.Fatal(err)
 		}
-		b.Run(string(db.Dialect)+"/duplicate", func(b *testing.B) {
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					acq, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-dup", TTLSeconds: 3600})
-					if err != nil || acq.Admitted {
-						b.Errorf("want a duplicate, got %+v %v", acq, err)
-						return
-					}
+		b.Run(string(db.Dialect)+"/hot", func(b *testing.B) {
+			parallel(b, func() error {
+				acq, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-hot", TTLSeconds: 3600})
+				if err == nil && acq.Admitted {
+					err = fmt.Errorf("want a duplicate, got %+v", acq)
 				}
+				return err
 			})
+		})
+		b.Run(string(db.Dialect)+"/batch100", func(b *testing.B) {
+			items := make([]AcquireInput, 100)
+			for i := 0; i < b.N; i++ {
+				for j := range items {
+					items[j] = AcquireInput{Key: fmt.Sprintf("bench-%d", n.Add(1)), TTLSeconds: 3600}
+				}
+				if _, err := adm.AcquireBatch(ctx, p, items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*len(items))/b.Elapsed().Seconds(), "acquires/s")
 		})
 	}
 }

@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // grouper is group admission: it gathers the acquires that one process receives at the same
@@ -32,6 +33,10 @@ type grouper struct {
 	mu       sync.Mutex
 	queue    []*pendingAcquire
 	inFlight int
+
+	// Counts since start: statements of more than one acquire and the acquires in them, and
+	// acquires sent alone because a slot was free (for tests and benchmarks).
+	nBatches, nItems, nSingles atomic.Int64
 }
 
 // pendingAcquire is one acquire waiting for a batch. Its fields after done are written by the
@@ -52,6 +57,7 @@ func (g *grouper) acquire(ctx context.Context, a acquireArgs) (decision, error) 
 	if g.inFlight < g.maxInFlight && len(g.queue) == 0 {
 		g.inFlight++
 		g.mu.Unlock()
+		g.nSingles.Add(1)
 		d, err := g.single(ctx, a)
 		g.release()
 		return d, err
@@ -124,6 +130,8 @@ func (g *grouper) run(batch []*pendingAcquire) {
 		close(p.done)
 		return
 	}
+	g.nBatches.Add(1)
+	g.nItems.Add(int64(len(batch)))
 	as := make([]acquireArgs, len(batch))
 	for i, p := range batch {
 		as[i] = p.args

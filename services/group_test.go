@@ -217,3 +217,57 @@ func TestGroupBatchLockTimeoutDecidesNothing(t *testing.T) {
 		require.Equal(t, before, countRows(t, b), "nothing decided, nothing logged")
 	})
 }
+
+// TestGroupAdmissionUnderLoad sends 64 concurrent callers of new and repeated keys through
+// one Admission on PostgreSQL: acquires are grouped into batches, and every guarantee holds
+// (each key admitted once, every answer consistent, every attempt logged).
+func TestGroupAdmissionUnderLoad(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		if b.db.Dialect != models.Postgres {
+			t.Skip("SQLite does not group admissions")
+		}
+		adm := NewAdmission(b.db, nil, 0)
+		const workers, each = 64, 30
+		var admitted sync.Map
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := 0; i < each; i++ {
+					key := fmt.Sprintf("load-%d-%d", w, i)
+					if i%3 == 2 {
+						key = fmt.Sprintf("load-shared-%d", i) // every worker asks for these
+					}
+					acq, err := adm.Acquire(bg, b.p, AcquireInput{Key: key, TTLSeconds: 600})
+					switch {
+					case err != nil:
+						errs <- err
+						return
+					case acq.Admitted:
+						if _, dup := admitted.LoadOrStore(key, acq.OperationID); dup {
+							errs <- fmt.Errorf("%s admitted twice", key)
+							return
+						}
+					case acq.Operation == nil || acq.Operation.Key != key:
+						errs <- fmt.Errorf("%s: duplicate answer %+v", key, acq)
+						return
+					}
+				}
+			}(w)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		g := adm.st.(*pgStore).group
+		require.Positive(t, g.nBatches.Load(), "64 concurrent callers on 4 statement slots must have queued")
+		require.Greater(t, g.nItems.Load(), g.nBatches.Load(), "batches of more than one")
+		require.EqualValues(t, workers*each, countRows(t, b).Attempts, "every acquire logged once")
+		n := 0
+		admitted.Range(func(_, _ any) bool { n++; return true })
+		require.Equal(t, workers*(each-each/3)+each/3, n, "every key admitted exactly once")
+	})
+}

@@ -1,9 +1,12 @@
 -- +goose Up
 -- Batch acquire: many acquires decided in one statement, so in one round trip and one
--- transaction (one commit, one WAL flush for all of them). Items are decided in order by the
--- single-item function itself, so a batch follows exactly the rules of a single acquire, and
--- an item sees the items before it (two items with one key: the second is decided after the
--- first). Arguments are one array per parameter of idemgate_acquire, index i being item i;
+-- transaction (one commit, one WAL flush for all of them). The common case, the first item of
+-- a key that does not exist yet, is admitted for all such items at once, set-based, exactly as
+-- acquireSQL admits one (services/store_postgres.go); every other item is then decided in
+-- order by the single-item function itself, so a batch follows exactly the rules of a single
+-- acquire and an item sees the items before it (two items with one key: the second is decided
+-- after the first). New keys are inserted in (tenant, key) order, so two batches never
+-- deadlock on each other's new keys. Arguments are one array per parameter of idemgate_acquire, index i being item i;
 -- p_metadata is text (JSON or NULL) per item. Each result row is idemgate_acquire's row for
 -- item ord (1-based). p_lock_timeout, when given (e.g. '20ms'), bounds every row-lock wait of the
 -- batch; past it the whole statement fails with lock_not_available and nothing is decided.
@@ -24,6 +27,9 @@ RETURNS TABLE (
   op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
   op_duplicate_attempts bigint, op_conflict_attempts bigint)
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  v_now   timestamptz := clock_timestamp();
+  v_first integer[];
 BEGIN
   IF p_lock_timeout IS NOT NULL THEN
     -- Group admission (services/group.go) batches different callers' acquires: none of them may
@@ -31,7 +37,46 @@ BEGIN
     -- transaction ends.
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
   END IF;
+  WITH x AS (
+    SELECT s.x_i, p_tenant_ids[s.x_i] AS x_tenant, p_keys[s.x_i] AS x_key
+      FROM generate_subscripts(p_keys, 1) AS s(x_i)
+  ), firsts AS (
+    SELECT DISTINCT ON (x.x_tenant, x.x_key) x.x_i, x.x_tenant, x.x_key
+      FROM x ORDER BY x.x_tenant, x.x_key, x.x_i
+  ), ins AS (
+    INSERT INTO idem_keys AS k (tenant_id, key, fencing_token, holder_operation_id, expires_at,
+                                last_operation_id, acquired_at)
+    SELECT f.x_tenant, f.x_key, 1, p_operation_ids[f.x_i],
+           v_now + make_interval(secs => p_ttl_seconds[f.x_i]), p_operation_ids[f.x_i], v_now
+      FROM firsts f ORDER BY f.x_tenant, f.x_key
+    ON CONFLICT (tenant_id, key) DO NOTHING
+    RETURNING k.holder_operation_id AS x_op
+  )
+  SELECT array_agg(f.x_i) INTO v_first FROM firsts f JOIN ins ON ins.x_op = p_operation_ids[f.x_i];
+  IF v_first IS NOT NULL THEN
+    INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id,
+                            attempt_id, api_key_id, metadata, state, fencing_token,
+                            owner_token_hash, acquired_at, expires_at)
+    SELECT p_operation_ids[u.x_i], p_tenant_ids[u.x_i], p_keys[u.x_i], p_operation_names[u.x_i],
+           p_fingerprints[u.x_i], p_correlation_ids[u.x_i], p_attempt_ids[u.x_i], p_api_key_ids[u.x_i],
+           p_metadata[u.x_i]::json, 'in_progress', 1, p_owner_token_hashes[u.x_i], v_now,
+           v_now + make_interval(secs => p_ttl_seconds[u.x_i])
+      FROM unnest(v_first) AS u(x_i);
+    INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name,
+                          fingerprint, correlation_id, caller, attempted_at)
+    SELECT p_tenant_ids[u.x_i], p_keys[u.x_i], p_operation_ids[u.x_i], 'admitted', p_attempt_ids[u.x_i],
+           p_operation_names[u.x_i], p_fingerprints[u.x_i], p_correlation_ids[u.x_i], p_callers[u.x_i], v_now
+      FROM unnest(v_first) AS u(x_i);
+    RETURN QUERY
+      SELECT u.x_i, 'admitted'::text, false, v_now, NULL::uuid, NULL::text, NULL::bigint, NULL::text,
+             NULL::text, o.id, o.key, o.operation_name, o.fingerprint, o.correlation_id, o.metadata,
+             o.state, o.state_reason, o.fencing_token, o.acquired_at, o.expires_at, NULL::text,
+             NULL::text, NULL::json, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz,
+             NULL::text, 0::bigint, 0::bigint
+        FROM unnest(v_first) AS u(x_i) JOIN operations o ON o.id = p_operation_ids[u.x_i];
+  END IF;
   FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+    CONTINUE WHEN i = ANY(v_first);
     RETURN QUERY
       SELECT i, f.* FROM idemgate_acquire(p_tenant_ids[i], p_keys[i], p_ttl_seconds[i],
         p_operation_names[i], p_fingerprints[i], p_correlation_ids[i], p_metadata[i]::json,
