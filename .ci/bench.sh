@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # make bench, second half: start idemgate on a throwaway PostgreSQL database and run
-# ../shared/bench/compare.sh against it, for new keys and for duplicates (DUP_EVERY=4: every
-# key is acquired four times), at 16 and 64 connections. Prints the ratio to the floor server.
-# Env passed through to compare.sh: CONNS, SECONDS_EACH, REPEATS.
+# ../shared/bench/compare.sh against it (the ratio to the floor server, in turns, same run) for
+# new keys, duplicates (DUP_EVERY=4: every key acquired four times) and a retry storm on one
+# key (HOT_KEYS=1), at 16 and 64 connections; then, against idemgate alone: batches of 100
+# against single acquires (keys/s), group admission off against on, and SQLite's new-key and
+# hot-key rates against PostgreSQL's. Env passed through to compare.sh: CONNS, SECONDS_EACH,
+# REPEATS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 compare=${COMPARE:-../shared/bench/compare.sh}
@@ -23,3 +26,49 @@ echo "== new keys (every request a fresh key)"
 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port"
 echo "== duplicates (DUP_EVERY=4: one admission, three duplicates per key)"
 DUP_EVERY=4 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port"
+echo "== retry storm (HOT_KEYS=1: every request the same key; the floor locks its row, idemgate does not)"
+HOT_KEYS=1 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port"
+
+# wrk against one URL: prints "requests/s p99_ms non2xx".
+secs=${SECONDS_EACH:-10}
+rate() { # rate URL CONNS SCRIPT [ENV=VALUE...]
+  local url=$1 c=$2 script=$3; shift 3
+  env "$@" IDEMGATE_API_KEY=$key wrk -t2 -c"$c" -d"${secs}s" --latency -s "$script" "$url" >"$tmp/wrk" 2>&1 || true
+  awk '/Requests\/sec/{r=$2} $1=="99%"{v=$2; if(v~/us$/){sub(/us/,"",v);v/=1000} else if(v~/ms$/){sub(/ms/,"",v)} else if(v~/s$/){sub(/s/,"",v);v*=1000}; p=v}
+       /Non-2xx/{b=$NF} END{printf "%.0f %.2f %d\n", r, p, b}' "$tmp/wrk"
+}
+start() { # start NAME PORT ENV=VALUE...: another idemgate, same key
+  local name=$1 p=$2; shift 2
+  env "$@" IDEMGATE_ADDR=127.0.0.1:$p IDEMGATE_BOOTSTRAP_API_KEY=$key IDEMGATE_ADMIN_PASSWORD=bench-password-123 \
+    IDEMGATE_LOG_FORMAT=json "$tmp/idemgate" serve >"$tmp/$name.log" 2>&1 &
+  pids="$pids $!"
+  for _ in $(seq 100); do curl -sf "127.0.0.1:$p/healthz" >/dev/null && return; sleep 0.1; done
+  echo "bench.sh: $name did not start" >&2; cat "$tmp/$name.log" >&2; exit 1
+}
+freeport() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+pids=""
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; for p in $pids; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS '$db' WITH (FORCE)" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+single=.ci/single.lua
+
+echo "== batch acquire (100 keys per request) against single acquires, 16 connections, idemgate alone"
+s=$(rate "http://127.0.0.1:$port" 16 $single); b=$(rate "http://127.0.0.1:$port" 16 .ci/batch.lua BATCH=100)
+echo "$s $b" | awk '{printf "single: %d keys/s (p99 %.1f ms)   batch100: %d keys/s (p99 %.1f ms per batch)   ratio %.1f   non2xx %d/%d\n", $1, $2, $4*100, $5, ($1>0)?$4*100/$1:0, $3, $6}'
+
+echo "== group admission off (IDEMGATE_GROUP_ADMISSION=false) against on, new keys, idemgate alone"
+offport=$(freeport)
+start grouping-off "$offport" DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_GROUP_ADMISSION=false
+printf '%-6s %10s %10s %9s %9s %7s\n' conns on/s off/s on_p99 off_p99 ratio
+for c in ${CONNS:-16 64}; do
+  on=$(rate "http://127.0.0.1:$port" "$c" $single); off=$(rate "http://127.0.0.1:$offport" "$c" $single)
+  echo "$c $on $off" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
+done
+
+echo "== SQLite (embedded, synchronous=FULL) against PostgreSQL, idemgate alone, 16 connections"
+liteport=$(freeport)
+start sqlite "$liteport" DATABASE_URL= IDEMGATE_SQLITE_PATH="$tmp/bench.db"
+printf '%-9s %12s %12s %9s %9s %7s\n' load sqlite/s postgres/s lite_p99 pg_p99 ratio
+for mode in new hot; do
+  hk=0; [ $mode = hot ] && hk=1
+  l=$(rate "http://127.0.0.1:$liteport" 16 $single HOT_KEYS=$hk); p=$(rate "http://127.0.0.1:$port" 16 $single HOT_KEYS=$hk)
+  echo "$mode $l $p" | awk '{printf "%-9s %12d %12d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
+done
