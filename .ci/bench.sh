@@ -50,6 +50,12 @@ pids=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; for p in $pids; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS '$db' WITH (FORCE)" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
 single=.ci/single.lua
 
+echo "== other keys during a retry storm: new keys at 16 connections, alone and beside a 64-connection storm on one key"
+alone=$(rate "http://127.0.0.1:$port" 16 $single)
+(IDEMGATE_API_KEY=$key HOT_KEYS=1 wrk -t1 -c64 -d"$((secs + 2))s" -s $single "http://127.0.0.1:$port" >/dev/null 2>&1) &
+sleep 1; beside=$(rate "http://127.0.0.1:$port" 16 $single); wait $!
+echo "$alone $beside" | awk '{printf "alone: %d/s p99 %.2f ms   beside the storm: %d/s p99 %.2f ms   p99 ratio %.2f\n", $1, $2, $4, $5, ($2>0)?$5/$2:0}'
+
 echo "== batch acquire (100 keys per request) against single acquires, 16 connections, idemgate alone"
 s=$(rate "http://127.0.0.1:$port" 16 $single); b=$(rate "http://127.0.0.1:$port" 16 .ci/batch.lua BATCH=100)
 echo "$s $b" | awk '{printf "single: %d keys/s (p99 %.1f ms)   batch100: %d keys/s (p99 %.1f ms per batch)   ratio %.1f   non2xx %d/%d\n", $1, $2, $4*100, $5, ($1>0)?$4*100/$1:0, $3, $6}'
