@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -310,4 +312,58 @@ func TestBodyLimitFor(t *testing.T) {
 	} {
 		require.Equal(t, want, bodyLimitFor([]byte(path)), path)
 	}
+}
+
+// FuzzDecodeBatch checks the batch envelope's decoder two ways. As an envelope, any body is
+// either refused as invalid_request or gives 1 to MaxBatchItems items that are exactly the
+// elements of the body's "items" array, and each item is either decoded or refused as
+// invalid_request. As an item, any body wrapped in an envelope is decoded or refused exactly as
+// POST /v1/acquire decodes or refuses it alone (the same input, or the same error).
+func FuzzDecodeBatch(f *testing.F) {
+	for _, s := range []string{`{"key":"a","ttl_seconds":60}`, `{"items":[{"key":"a","ttl_seconds":60}]}`,
+		`{"items":[1,null,"x",[],{}]}`, `{"items":[]}`, `{"items":null}`, `{"items":{}}`, `{"items":[{"key":"a\ud800"}]}`,
+		`{"items":[{"key":"a"}],"items":[]}`, `{"Items":[{}]}`, `{"items":[{"key":"a","ttl_seconds":"1"}]} {}`,
+		` {"metadata":{"x":[1,{"y":null}]},"key":"k","ttl_seconds":1} `, `{"key":"b","key":"c"}`, "\xff", `{`, `[`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		isInvalid := func(err error) {
+			t.Helper()
+			var de *services.Error
+			if !errors.As(err, &de) || de.Code != services.CodeInvalidRequest {
+				t.Fatalf("error is not invalid_request: %v", err)
+			}
+		}
+		// As an envelope.
+		items, err := decodeBatch(body)
+		if err != nil {
+			isInvalid(err)
+		} else {
+			if len(items) < 1 || len(items) > services.MaxBatchItems {
+				t.Fatalf("accepted %d items", len(items))
+			}
+			var generic struct{ Items []any }
+			if json.Unmarshal(body, &generic) != nil || len(generic.Items) != len(items) {
+				t.Fatalf("items %d do not match the body %q", len(items), body)
+			}
+			for i, raw := range items {
+				if !json.Valid(raw) {
+					t.Fatalf("item %d is not one JSON value: %q", i, raw)
+				}
+				if _, err := decodeAcquire(raw); err != nil {
+					isInvalid(err)
+				}
+			}
+		}
+		// As an item: the same answer as the single endpoint's decoder.
+		wrapped, err := decodeBatch([]byte(`{"items":[` + string(body) + `]}`))
+		if err != nil || len(wrapped) != 1 {
+			return // not one JSON value of valid UTF-8: the envelope is refused, not the item
+		}
+		in, err := decodeAcquire(wrapped[0])
+		want, wantErr := decodeAcquire(body)
+		if !reflect.DeepEqual(err, wantErr) || !reflect.DeepEqual(in, want) {
+			t.Fatalf("item %q: batch decoded (%+v, %v), single (%+v, %v)", body, in, err, want, wantErr)
+		}
+	})
 }
