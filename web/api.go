@@ -27,43 +27,60 @@ func nullIsAbsent(raw json.RawMessage) json.RawMessage {
 	return raw
 }
 
+// decodeAcquire reads one acquire request body, as POST /v1/acquire takes it and as each item
+// of POST /v1/acquire:batch is: strictly decoded (decodeJSON), key and ttl_seconds required.
+// Errors are services.ErrInvalidRequest; the single endpoint and the batch share it so an item
+// is refused exactly as the same body alone would be.
+func decodeAcquire(body []byte) (services.AcquireInput, error) {
+	var req acquireRequest
+	if err := decodeJSON(body, &req); err != nil {
+		return services.AcquireInput{}, err
+	}
+	var missing []string
+	if req.Key == nil {
+		missing = append(missing, "key")
+	}
+	if req.TTLSeconds == nil {
+		missing = append(missing, "ttl_seconds")
+	}
+	if len(missing) > 0 {
+		return services.AcquireInput{}, required(missing...)
+	}
+	return services.AcquireInput{
+		Key: *req.Key, TTLSeconds: *req.TTLSeconds, Operation: req.Operation, Fingerprint: req.Fingerprint,
+		CorrelationID: req.CorrelationID, AttemptID: req.AttemptID, Metadata: nullIsAbsent(req.Metadata),
+	}, nil
+}
+
+// acquireAnswer is the status and body of an acquire that was not refused: 201 with the
+// admission, or 200 with the holder's operation for a duplicate.
+func acquireAnswer(acq *services.Acquisition) (int, any) {
+	if !acq.Admitted {
+		return fiber.StatusOK, duplicateResponse{Admitted: false, Key: acq.Key, Operation: toOperationDTO(acq.Operation)}
+	}
+	resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
+		FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt}
+	if po := acq.PreviousOperation; po != nil {
+		resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
+		if po.OutcomeStatus != nil {
+			resp.PreviousOperation.Outcome = &outcomeRef{Status: *po.OutcomeStatus, Receipt: po.OutcomeReceipt}
+		}
+	}
+	return fiber.StatusCreated, resp
+}
+
 func handleAcquire(adm *services.Admission) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		var req acquireRequest
-		if err := decodeJSON(c.Body(), &req); err != nil {
-			return err
-		}
-		var missing []string
-		if req.Key == nil {
-			missing = append(missing, "key")
-		}
-		if req.TTLSeconds == nil {
-			missing = append(missing, "ttl_seconds")
-		}
-		if len(missing) > 0 {
-			return required(missing...)
-		}
-		p := principal(c)
-		acq, err := adm.Acquire(c.UserContext(), p, services.AcquireInput{
-			Key: *req.Key, TTLSeconds: *req.TTLSeconds, Operation: req.Operation, Fingerprint: req.Fingerprint,
-			CorrelationID: req.CorrelationID, AttemptID: req.AttemptID, Metadata: nullIsAbsent(req.Metadata),
-		})
+		in, err := decodeAcquire(c.Body())
 		if err != nil {
 			return err
 		}
-		if !acq.Admitted {
-			return c.Status(fiber.StatusOK).JSON(duplicateResponse{Admitted: false, Key: acq.Key,
-				Operation: toOperationDTO(acq.Operation)})
+		acq, err := adm.Acquire(c.UserContext(), principal(c), in)
+		if err != nil {
+			return err
 		}
-		resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
-			FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt}
-		if po := acq.PreviousOperation; po != nil {
-			resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
-			if po.OutcomeStatus != nil {
-				resp.PreviousOperation.Outcome = &outcomeRef{Status: *po.OutcomeStatus, Receipt: po.OutcomeReceipt}
-			}
-		}
-		return c.Status(fiber.StatusCreated).JSON(resp)
+		status, body := acquireAnswer(acq)
+		return c.Status(status).JSON(body)
 	}
 }
 

@@ -58,7 +58,9 @@ const retryAfterSeconds = "2"
 // toDomainError turns any error that reaches the error handler into a *services.Error. Fiber's
 // own errors (unknown route, body too large, wrong method) get matching codes; anything else is
 // internal and its text never reaches the client (STYLE.md anti-pattern 5).
-func toDomainError(err error) (*services.Error, bool) {
+//
+// bodyLimit is the body limit of the request's route (bodyLimitFor), named in a 413's detail.
+func toDomainError(err error, bodyLimit int) (*services.Error, bool) {
 	var de *services.Error
 	if errors.As(err, &de) {
 		return de, false
@@ -70,7 +72,7 @@ func toDomainError(err error) (*services.Error, bool) {
 			msg := http.StatusText(fe.Code) + "."
 			switch fe.Code {
 			case fiber.StatusRequestEntityTooLarge:
-				return &services.Error{Code: services.CodePayloadTooLarge, Message: "The request body is larger than 256 KiB; nothing was changed."}, false
+				return payloadTooLarge(bodyLimit), false
 			case fiber.StatusNotFound:
 				return &services.Error{Code: services.CodeNotFound, Message: "No such resource."}, false
 			case fiber.StatusMethodNotAllowed:
@@ -102,7 +104,7 @@ func statusFor(c *fiber.Ctx, de *services.Error) int {
 // errorHandler is Fiber's ErrorHandler: the single place where errors become responses. API
 // and operational routes get problem+json; dashboard routes get an HTML error page.
 func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
-	de, internal := toDomainError(err)
+	de, internal := toDomainError(err, bodyLimitFor(c.Request().URI().PathOriginal()))
 	status := statusFor(c, de)
 	// Fiber's own errors keep their status (405 stays 405, 429 stays 429).
 	var fe *fiber.Error
@@ -148,13 +150,29 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	if wantsHTML(c) {
 		return s.renderErrorPage(c, status, de.Message)
 	}
+	c.Status(status)
+	return c.JSON(newProblem(status, de, rid), "application/problem+json")
+}
+
+// newProblem is the problem document of de answered with status: the body of every
+// problem+json response, and the problem of each refused item of an acquire batch.
+func newProblem(status int, de *services.Error, rid string) problem {
 	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: de.Message,
 		Code: de.Code, RequestID: rid}
 	for _, f := range de.Fields {
 		p.Errors = append(p.Errors, problemField{Field: f.Field, Message: f.Message})
 	}
-	c.Status(status)
-	return c.JSON(p, "application/problem+json")
+	return p
+}
+
+// payloadTooLarge is the refusal of a body over limit bytes.
+func payloadTooLarge(limit int) *services.Error {
+	size := strconv.Itoa(limit>>10) + " KiB"
+	if limit%(1<<20) == 0 {
+		size = strconv.Itoa(limit>>20) + " MiB"
+	}
+	return &services.Error{Code: services.CodePayloadTooLarge,
+		Message: "The request body is larger than " + size + "; nothing was changed."}
 }
 
 func isAPIPath(p string) bool { return strings.HasPrefix(p, "/v1/") || p == "/v1" }

@@ -145,6 +145,31 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				require.EqualValues(t, 1, res.body["fencing_token"])
 				require.NotEqual(t, otherOp.OperationID, res.body["operation_id"])
 			}}},
+			// The batch: B's key name is a different key in A, admitted there with fencing token 1
+			// and no previous operation (B's uncertain one), then a duplicate of A's own hold. No
+			// result shows B's operations or tenant. (Not B's held key: the release row after
+			// this one expects A to hold nothing under that name.)
+			`POST /v1/acquire\:batch`: {{"/v1/acquire:batch", func(t *testing.T, path string) {
+				item := map[string]any{"key": w.marker + "late", "ttl_seconds": 60, "operation": f.op}
+				res := api.do("POST", path, map[string]any{"items": []any{item, item}})
+				require.Equal(t, http.StatusOK, res.status, res.raw)
+				results := res.body["results"].([]any)
+				require.Len(t, results, 2)
+				first, second := results[0].(map[string]any), results[1].(map[string]any)
+				require.EqualValues(t, http.StatusCreated, first["status"], res.raw)
+				admitted := first["body"].(map[string]any)
+				require.EqualValues(t, 1, admitted["fencing_token"])
+				require.Nil(t, admitted["previous_operation"], "B's uncertain operation is not A's previous one")
+				require.EqualValues(t, http.StatusOK, second["status"], res.raw)
+				holder := second["body"].(map[string]any)["operation"].(map[string]any)
+				require.Equal(t, admitted["operation_id"], holder["id"], "the duplicate is of A's own hold")
+				require.EqualValues(t, 1, holder["duplicate_attempts"])
+				// The bodies rightly echo the key name A sent; B's objects must not appear.
+				for _, id := range ids {
+					require.NotContains(t, res.raw, id, "an operation id of tenant B leaked")
+				}
+				require.NotContains(t, res.raw, f.tenantB, "tenant B's name leaked")
+			}}},
 			"POST /v1/release": {{"/v1/release", apiCall("POST", map[string]any{"key": w.marker + "held",
 				"owner_token": w.held.OwnerToken}, 404, "key_not_held")}},
 			"POST /v1/operations/:id/outcome": {

@@ -140,7 +140,8 @@ func routeLabel(c *fiber.Ctx, status int) string {
 		// Authenticated, then no /v1 route matched: the group's middleware is all that ran.
 		return routeUnmatched
 	}
-	return r.Path
+	// A literal colon is escaped in the pattern (/v1/acquire\:batch); the label shows the path.
+	return strings.ReplaceAll(r.Path, `\:`, ":")
 }
 
 // methodLabel maps the request method to a constant string: Fiber's method string points into

@@ -219,12 +219,16 @@ var fiberParam = regexp.MustCompile(`:[A-Za-z_]+|\*`)
 // openAPIPathOf turns a Fiber route pattern into OpenAPI's: ":id" becomes "{id}", and the
 // wildcard takes the name of the one parameter the document declares in its place.
 func openAPIPathOf(fiberPath string, documented map[string]bool) string {
+	// An escaped colon (`\:`, as in /v1/acquire\:batch) is a literal one, not a parameter.
+	const literalColon = "\x00"
+	fiberPath = strings.ReplaceAll(fiberPath, `\:`, literalColon)
 	p := fiberParam.ReplaceAllStringFunc(fiberPath, func(m string) string {
 		if m == "*" {
 			return "{*}"
 		}
 		return "{" + m[1:] + "}"
 	})
+	p = strings.ReplaceAll(p, literalColon, ":")
 	if !strings.Contains(p, "{*}") {
 		return p
 	}

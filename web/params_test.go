@@ -89,6 +89,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 		"GET /static/*":     {path: "/static/app.css", pathParams: []string{"app.css"}, query: q("v", "1")},
 
 		"POST /v1/acquire":                {path: "/v1/acquire"},
+		`POST /v1/acquire\:batch`:         {path: "/v1/acquire:batch"},
 		"POST /v1/release":                {path: "/v1/release"},
 		"POST /v1/operations/:id/outcome": {path: "/v1/operations/" + w.opID + "/outcome", pathParams: []string{w.opID}},
 		"GET /v1/operations/:id":          {path: "/v1/operations/" + w.opID, pathParams: []string{w.opID}},

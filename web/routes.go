@@ -25,6 +25,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	// JSON API (api.go): an API key, and only identity-encoded bodies.
 	v1 := app.Group("/v1", identityEncoding, apiAuth(s.auth, s.authFails))
 	v1.Post("/acquire", handleAcquire(s.adm))
+	v1.Post(batchRoute, handleAcquireBatch(s.adm)) // POST /v1/acquire:batch (api_batch.go)
 	v1.Post("/release", handleRelease(s.adm))
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
 	v1.Get("/operations", handleListOperations(s.reads))

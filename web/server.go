@@ -145,6 +145,8 @@ func New(cfg Config) *Server {
 		WriteTimeout:          s.writeTimeout,
 		IdleTimeout:           120 * time.Second,
 	})
+	// The batch route's larger body limit (api_batch.go); every other route keeps BodyLimit.
+	s.app.Server().HeaderReceived = headerReceived
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg)

@@ -77,6 +77,10 @@ func (f *fakeServer) live(k *fakeKey, now time.Time) bool {
 }
 
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/acquire:batch" {
+		f.acquireBatch(w, r)
+		return
+	}
 	var req struct {
 		Key        string `json:"key"`
 		TTL        int    `json:"ttl_seconds"`
@@ -145,6 +149,33 @@ func (f *fakeServer) acquire(w http.ResponseWriter, key, name, fp string, ttl in
 	k.fencing, k.holder, k.exp, k.last = o.fencing, o.id, o.exp, o.id
 	reply(w, 201, map[string]any{"admitted": true, "key": key, "operation_id": o.id, "owner_token": o.token,
 		"fencing_token": o.fencing, "state": o.state, "expires_at": o.exp.UTC().Format(time.RFC3339Nano)})
+}
+
+// acquireBatch answers each item as acquire would, in order, each result with its status and
+// its body (or problem).
+func (f *fakeServer) acquireBatch(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Items []struct {
+			Key       string `json:"key"`
+			TTL       int    `json:"ttl_seconds"`
+			Operation string `json:"operation"`
+			FP        string `json:"fingerprint"`
+		} `json:"items"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	results := make([]any, 0, len(req.Items))
+	for _, it := range req.Items {
+		rec := httptest.NewRecorder()
+		f.acquire(rec, it.Key, it.Operation, it.FP, it.TTL)
+		var body map[string]any
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		member := "body"
+		if rec.Code >= 400 {
+			member = "problem"
+		}
+		results = append(results, map[string]any{"status": rec.Code, member: body})
+	}
+	reply(w, 200, map[string]any{"results": results})
 }
 
 func (f *fakeServer) release(w http.ResponseWriter, key, token string) {

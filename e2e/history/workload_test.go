@@ -143,6 +143,7 @@ func (w *workload) run(t *testing.T) (*recorder, []porcupine.Operation) {
 func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 	rng := rand.New(rand.NewSource(time.Now().UnixNano() + int64(c)*7919))
 	var mine []owned
+	record := rec.recorderFor(c, &mine)
 	base := w.urls[c%len(w.urls)]
 	for ctx.Err() == nil {
 		time.Sleep(time.Duration(rng.Intn(8)) * time.Millisecond)
@@ -173,15 +174,40 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 					body["release"] = true
 				}
 			}
-		} else if r < 40 {
-			in.Kind, method, path = kindAcquire, http.MethodPost, "/v1/acquire"
-			in.Name = "charge"
-			if rng.Intn(10) == 0 {
-				in.Name = "refund"
+		} else if r < 40 && rng.Intn(5) == 0 {
+			// A batch of 2–4 acquires, keys drawn with repetition: each item is recorded as an
+			// acquire with the batch call's interval.
+			items := make([]callInput, 2+rng.Intn(3))
+			bodies := make([]map[string]any, len(items))
+			for i := range items {
+				items[i], bodies[i] = acquireInput(rng, w.keys[rng.Intn(len(w.keys))])
 			}
-			in.FP = []string{"fp-a", "fp-b"}[rng.Intn(2)]
-			in.TTL = 1 + rng.Intn(3)
-			body = map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP}
+			call := rec.now()
+			status, resp := w.do(http.MethodPost, base+"/v1/acquire:batch", map[string]any{"items": bodies})
+			ret := rec.now()
+			rec.mu.Lock()
+			rec.statuses[fmt.Sprintf("batch %d", status)]++
+			rec.mu.Unlock()
+			results, _ := resp["results"].([]any)
+			if status == http.StatusOK && len(results) != len(items) {
+				panic(fmt.Sprintf("batch of %d answered with %d results", len(items), len(results)))
+			}
+			for i := range items {
+				items[i].Call = call
+				itemStatus, itemResp := status, resp
+				if status == http.StatusOK {
+					res, _ := results[i].(map[string]any)
+					itemStatus = int(num(res, "status"))
+					if itemResp = sub(res, "body"); itemResp == nil {
+						itemResp = sub(res, "problem")
+					}
+				}
+				record(items[i], itemStatus, itemResp, ret)
+			}
+			continue
+		} else if r < 40 {
+			in, body = acquireInput(rng, in.Key)
+			method, path = http.MethodPost, "/v1/acquire"
 		} else {
 			in.Kind, method, path = kindGet, http.MethodGet, "/v1/keys/"+url.PathEscape(in.Key)
 		}
@@ -193,7 +219,29 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 		} else {
 			status, resp = w.do(method, base+path, body)
 		}
-		out := callOutput{Ret: rec.now(), Status: status, Code: str(resp, "code")}
+		record(in, status, resp, rec.now())
+	}
+}
+
+// acquireInput is a random acquire of key: its input for the model and its request body.
+func acquireInput(rng *rand.Rand, key string) (callInput, map[string]any) {
+	in := callInput{Kind: kindAcquire, Key: key, Name: "charge"}
+	if rng.Intn(10) == 0 {
+		in.Name = "refund"
+	}
+	in.FP = []string{"fp-a", "fp-b"}[rng.Intn(2)]
+	in.TTL = 1 + rng.Intn(3)
+	return in, map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP}
+}
+
+// recordFunc records one call (or one item of a batch) answered status and resp at ret.
+type recordFunc func(in callInput, status int, resp map[string]any, ret int64)
+
+// recorderFor is the recordFunc of client c: it appends the operation to the history and
+// keeps the client's owner tokens (mine) for its later releases and outcomes.
+func (rec *recorder) recorderFor(c int, mine *[]owned) recordFunc {
+	return func(in callInput, status int, resp map[string]any, ret int64) {
+		out := callOutput{Ret: ret, Status: status, Code: str(resp, "code")}
 		if status == 0 || status >= 500 {
 			out = callOutput{Unknown: true, Ret: out.Ret, Status: status}
 		}
@@ -201,9 +249,9 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 		case out.Unknown:
 		case in.Kind == kindAcquire && status == 201:
 			out.OpID, out.Fencing, out.Exp = str(resp, "operation_id"), num(resp, "fencing_token"), rec.relTime(str(resp, "expires_at"))
-			mine = append(mine, owned{key: in.Key, op: out.OpID, token: str(resp, "owner_token")})
-			if len(mine) > 8 {
-				mine = mine[1:]
+			*mine = append(*mine, owned{key: in.Key, op: out.OpID, token: str(resp, "owner_token")})
+			if len(*mine) > 8 {
+				*mine = (*mine)[1:]
 			}
 		case in.Kind == kindAcquire && status == 200:
 			op := sub(resp, "operation")

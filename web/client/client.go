@@ -124,8 +124,29 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 // is answered as a duplicate, with that outcome; so is an attempt_id sent by another API key
 // than the one that acquired, since the server honours an attempt_id only for its creator.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResult, error) {
+	body, err := acquireBodyOf(req)
+	if err != nil {
+		return nil, err
+	}
+	var ans acquireAnswer
+	status, err := c.do(ctx, http.MethodPost, acquirePath, nil, body, &ans, http.StatusOK, http.StatusCreated)
+	if err != nil {
+		return nil, err
+	}
+	return acquireResultOf(acquirePath, body, status, ans)
+}
+
+const (
+	acquirePath      = "/v1/acquire"
+	acquireBatchPath = "/v1/acquire:batch"
+)
+
+// acquireBodyOf is the wire body of req, with its attempt_id: req.AttemptID, or a new random
+// UUID that every try of the call then sends. Errors: an invalid argument (*Problem matching
+// ErrInvalidRequest), nothing sent.
+func acquireBodyOf(req AcquireRequest) (acquireBody, error) {
 	if req.TTL%time.Second != 0 {
-		return nil, invalidArgument("ttl_seconds", "TTL must be a whole number of seconds")
+		return acquireBody{}, invalidArgument("ttl_seconds", "TTL must be a whole number of seconds")
 	}
 	body := acquireBody{Key: req.Key, TTLSeconds: int64(req.TTL / time.Second), Operation: req.Operation,
 		Fingerprint: req.Fingerprint, CorrelationID: req.CorrelationID, AttemptID: req.AttemptID}
@@ -135,17 +156,19 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResul
 	if req.Metadata != nil {
 		m, err := json.Marshal(req.Metadata)
 		if err != nil {
-			return nil, invalidArgument("metadata", "cannot be marshalled to JSON: "+err.Error())
+			return acquireBody{}, invalidArgument("metadata", "cannot be marshalled to JSON: "+err.Error())
 		}
 		if string(m) != "null" {
 			body.Metadata = m
 		}
 	}
-	var ans acquireAnswer
-	status, err := c.do(ctx, http.MethodPost, "/v1/acquire", nil, body, &ans, http.StatusOK, http.StatusCreated)
-	if err != nil {
-		return nil, err
-	}
+	return body, nil
+}
+
+// acquireResultOf reads a 2xx acquire answer for body (from path): admitted only for a 201
+// with state in_progress, a duplicate only for a 200 with the holder's operation, anything
+// else an error wrapping ErrUnexpectedAnswer.
+func acquireResultOf(path string, body acquireBody, status int, ans acquireAnswer) (*AcquireResult, error) {
 	res := &AcquireResult{Key: ans.Key, AttemptID: body.AttemptID}
 	switch {
 	case status == http.StatusCreated && ans.Admitted && ans.Admission.State == StateInProgress:
@@ -155,14 +178,87 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResul
 		// it carries no operation to return.
 		adm := ans.Admission
 		res.Admitted = &adm
+		return res, nil
 	case status == http.StatusOK && !ans.Admitted && ans.Operation != nil:
 		ans.Operation.normalize()
 		res.Duplicate = ans.Operation
-	default:
-		return nil, wrapf(http.MethodPost, "/v1/acquire", fmt.Errorf("%w: status %d, admitted %t, state %q",
-			ErrUnexpectedAnswer, status, ans.Admitted, ans.Admission.State))
+		return res, nil
 	}
-	return res, nil
+	return nil, wrapf(http.MethodPost, path, fmt.Errorf("%w: status %d, admitted %t, state %q",
+		ErrUnexpectedAnswer, status, ans.Admitted, ans.Admission.State))
+}
+
+// AcquireBatch asks, in one request (SPEC.md §4 "POST /v1/acquire:batch"), what Acquire would
+// answer each of reqs (1 to MaxBatchItems), decided in order: two requests with the same key
+// are decided one after the other, the later one seeing the earlier (a duplicate of it, or
+// ErrFingerprintMismatch). It returns one BatchResult per request, in the same order, each
+// holding what Acquire would have returned for it: Result (Admitted or Duplicate, as Acquire)
+// or Err (ErrFingerprintMismatch, ErrInvalidRequest with Errors, ErrPayloadTooLarge for an
+// item over 256 KiB, an invalid argument the client found before sending, which leaves the
+// item out of the request, or an error wrapping ErrUnexpectedAnswer). Items are independent:
+// one refused item does not refuse the others.
+//
+// Retries are safe as for Acquire: every item carries its attempt_id (its own AttemptID, or a
+// random UUID the client generates and reports in AcquireResult.AttemptID), the same on every
+// try, so a try whose answer was lost is answered again with the same admissions.
+//
+// The error is for the whole call, and then no result is returned: an invalid argument (no
+// request, more than MaxBatchItems), ErrInvalidRequest or ErrPayloadTooLarge (the request
+// over MaxBatchBodyBytes), ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable (after
+// retries), ErrUnexpectedAnswer for an answer without one result per item sent, a network
+// error or the context's error.
+func (c *Client) AcquireBatch(ctx context.Context, reqs []AcquireRequest) ([]BatchResult, error) {
+	if len(reqs) < 1 || len(reqs) > MaxBatchItems {
+		return nil, invalidArgument("items", fmt.Sprintf("must hold 1 to %d acquire requests", MaxBatchItems))
+	}
+	out := make([]BatchResult, len(reqs))
+	bodies := make([]acquireBody, 0, len(reqs))
+	idx := make([]int, 0, len(reqs))
+	for i, req := range reqs {
+		body, err := acquireBodyOf(req)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		bodies = append(bodies, body)
+		idx = append(idx, i)
+	}
+	if len(bodies) == 0 {
+		return out, nil
+	}
+	var ans acquireBatchAnswer
+	if _, err := c.do(ctx, http.MethodPost, acquireBatchPath, nil, acquireBatchBody{Items: bodies}, &ans, http.StatusOK); err != nil {
+		return nil, err
+	}
+	if len(ans.Results) != len(bodies) {
+		return nil, wrapf(http.MethodPost, acquireBatchPath, fmt.Errorf("%w: %d results for %d items",
+			ErrUnexpectedAnswer, len(ans.Results), len(bodies)))
+	}
+	for j, r := range ans.Results {
+		i, body := idx[j], bodies[j]
+		switch {
+		case r.Status >= 400 && r.Problem != nil:
+			out[i].Err = decodeProblem(r.Status, http.Header{"Content-Type": {"application/problem+json"}}, r.Problem, time.Time{})
+		case r.Status >= 200 && r.Status < 300 && r.Body != nil:
+			var a acquireAnswer
+			if err := json.Unmarshal(r.Body, &a); err != nil {
+				out[i].Err = wrapf(http.MethodPost, acquireBatchPath, fmt.Errorf("%w: item %d: %w", ErrUnexpectedAnswer, j, err))
+				continue
+			}
+			if a.Key != body.Key {
+				// Only from a faulty server or proxy: a result about another key than its
+				// item's must not be acted on.
+				out[i].Err = wrapf(http.MethodPost, acquireBatchPath, fmt.Errorf("%w: item %d answered for another key",
+					ErrUnexpectedAnswer, j))
+				continue
+			}
+			out[i].Result, out[i].Err = acquireResultOf(acquireBatchPath, body, r.Status, a)
+		default:
+			out[i].Err = wrapf(http.MethodPost, acquireBatchPath, fmt.Errorf("%w: item %d: status %d without its body or problem",
+				ErrUnexpectedAnswer, j, r.Status))
+		}
+	}
+	return out, nil
 }
 
 // Release releases the key's hold, owner-checked (SPEC.md §4 "POST /v1/release"): the

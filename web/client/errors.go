@@ -25,7 +25,7 @@ const (
 	CodeInvalidTransition   = "invalid_transition"   // 409: a state change SPEC.md §3 does not allow
 	CodeKeyNotHeld          = "key_not_held"         // 404: release of a key with no live hold
 	CodeNotFound            = "not_found"            // 404: no such key or operation in this tenant
-	CodePayloadTooLarge     = "payload_too_large"    // 413: body over 256 KiB, or outcome response over 64 KiB
+	CodePayloadTooLarge     = "payload_too_large"    // 413: body over 256 KiB (2 MiB for AcquireBatch), or outcome response over 64 KiB
 	CodeStoreUnavailable    = "store_unavailable"    // 503: idemgate's database is unreachable; retried
 	CodeRateLimited         = "rate_limited"         // 429: too many failed authentications from this address; retried
 	CodeInternal            = "internal"             // 500: a server bug; not retried

@@ -41,7 +41,9 @@ const (
 	MaxReceiptChars       = 512       // outcome receipt
 	MaxNoteChars          = 1000      // outcome note
 	MaxResponseBytes      = 64 << 10  // outcome response, serialized
-	MaxBodyBytes          = 256 << 10 // any request body
+	MaxBodyBytes          = 256 << 10 // any request body but AcquireBatch's (and each of its items)
+	MaxBatchBodyBytes     = 2 << 20   // AcquireBatch's request body
+	MaxBatchItems         = 500       // requests in one AcquireBatch
 	MaxListLimit          = 500       // limit of ListKeys, ListOperations and ListAttempts
 )
 
@@ -90,6 +92,14 @@ type AcquireResult struct {
 	// with its state, outcome, receipt and stored response, so the caller can return or
 	// reconcile it instead of running again.
 	Duplicate *Operation
+}
+
+// BatchResult is one request's answer in Client.AcquireBatch: exactly one of Result (what
+// Acquire would have returned: Admitted or Duplicate set) and Err (the error Acquire would
+// have returned for it alone, e.g. ErrFingerprintMismatch or ErrInvalidRequest).
+type BatchResult struct {
+	Result *AcquireResult
+	Err    error
 }
 
 // Admission is a granted hold (the 201 answer of acquire).
@@ -311,6 +321,21 @@ type acquireAnswer struct {
 	Key      string `json:"key"`
 	Admission
 	Operation *Operation `json:"operation"`
+}
+
+// acquireBatchBody is the body of POST /v1/acquire:batch.
+type acquireBatchBody struct {
+	Items []acquireBody `json:"items"`
+}
+
+// acquireBatchAnswer is its 200 answer: per item, the status a single acquire would have had
+// and that answer's body or problem document, kept raw until the status says which.
+type acquireBatchAnswer struct {
+	Results []struct {
+		Status  int             `json:"status"`
+		Body    json.RawMessage `json:"body"`
+		Problem json.RawMessage `json:"problem"`
+	} `json:"results"`
 }
 
 type releaseBody struct {
