@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,10 @@ type Config struct {
 	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
 	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
 	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
+	// PprofAddr is IDEMGATE_PPROF_ADDR: when set, a loopback address (127.0.0.1:6060,
+	// [::1]:6060, localhost:6060) where Go's profiler (net/http/pprof, /debug/pprof/) is served
+	// on a listener of its own, with block and mutex profiling sampled. Default none: off.
+	PprofAddr string
 }
 
 // DefaultStoreTimeout is IDEMGATE_STORE_TIMEOUT's default: the longest a request waits on the
@@ -49,6 +54,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		BootstrapAPIKey: getenv("IDEMGATE_BOOTSTRAP_API_KEY"),
 		LogFormat:       getenv("IDEMGATE_LOG_FORMAT"),
 		MetricsToken:    getenv("IDEMGATE_METRICS_TOKEN"),
+		PprofAddr:       getenv("IDEMGATE_PPROF_ADDR"),
 	}
 	var errs []error
 	dur := func(name string, def time.Duration, dst *time.Duration) {
@@ -135,6 +141,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("IDEMGATE_METRICS_TOKEN %s", msg))
 		}
 	}
+	if c.PprofAddr != "" && !loopbackAddr(c.PprofAddr) {
+		// Profiles show request data in memory and let anyone stall the process (a 30 s CPU
+		// profile, a full goroutine dump), so they are never offered beyond this host.
+		errs = append(errs, fmt.Errorf("IDEMGATE_PPROF_ADDR=%q: want a loopback host:port such as 127.0.0.1:6060", c.PprofAddr))
+	}
 	if c.BootstrapAPIKey != "" {
 		if msg := services.ValidateAPIKeySecret(c.BootstrapAPIKey); msg != "" {
 			errs = append(errs, fmt.Errorf("IDEMGATE_BOOTSTRAP_API_KEY %s", msg))
@@ -144,6 +155,20 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("IDEMGATE_ADMIN_PASSWORD must be at least %d characters", services.MinPasswordChars))
 	}
 	return c, errors.Join(errs...)
+}
+
+// loopbackAddr reports whether addr is host:port with a loopback host (localhost, 127.0.0.0/8,
+// ::1) and a port.
+func loopbackAddr(addr string) bool {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func or(v, def string) string {

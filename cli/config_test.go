@@ -115,3 +115,19 @@ func TestLoadConfigRefusesMaxTTLBeyondStores(t *testing.T) {
 	_, statErr := os.Stat(path)
 	require.True(t, os.IsNotExist(statErr), "the database was opened: %v", statErr)
 }
+
+// TestLoadConfigPprofAddr: the profiler is off unless asked for, and only ever on loopback.
+func TestLoadConfigPprofAddr(t *testing.T) {
+	c, err := LoadConfig(env(nil))
+	require.NoError(t, err)
+	require.Empty(t, c.PprofAddr)
+	for _, ok := range []string{"127.0.0.1:6060", "[::1]:6060", "localhost:6060", "127.0.0.2:0"} {
+		c, err := LoadConfig(env(map[string]string{"IDEMGATE_PPROF_ADDR": ok}))
+		require.NoError(t, err, ok)
+		require.Equal(t, ok, c.PprofAddr)
+	}
+	for _, bad := range []string{":6060", "0.0.0.0:6060", "10.0.0.1:6060", "example.com:6060", "127.0.0.1", "[::]:6060"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_PPROF_ADDR": bad}))
+		require.ErrorContains(t, err, "IDEMGATE_PPROF_ADDR", bad)
+	}
+}

@@ -25,6 +25,14 @@ func serve(ctx context.Context, env Env) error {
 		return err
 	}
 	defer db.Close()
+	if cfg.PprofAddr != "" {
+		stopPprof, err := startPprof(cfg.PprofAddr, log)
+		if err != nil {
+			log.Error("cannot serve the profiler", "addr", cfg.PprofAddr, "err", err)
+			return err
+		}
+		defer stopPprof()
+	}
 	auth := services.NewAuth(db, log)
 	go auth.WarmUp()
 	bctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)

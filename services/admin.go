@@ -131,6 +131,7 @@ func (a *Auth) RevokeAPIKeyByID(ctx context.Context, acct *OperatorAccount, id i
 	}
 	a.mu.Lock()
 	delete(a.cache, k.SecretHash)
+	a.gen++ // a lookup still in flight read the key before this: it must not cache it again
 	a.mu.Unlock()
 	a.log.InfoContext(ctx, "API key revoked", "by", acct.Username, "prefix", k.Prefix)
 	return nil

@@ -21,24 +21,65 @@ import (
 //
 // API-key lookups are cached in process memory for at most CacheTTL (1 s), so a revoked key
 // stops working on every instance within that bound (issue 2) without a database read per
-// request.
+// request. An answer is used only while less than CacheTTL has passed since the lookup that
+// produced it began, however it was obtained (cache, refresh, or a lookup shared with
+// concurrent requests), which is what keeps that bound.
+//
+// Under load the cache is kept warm rather than left to lapse: a key used after half its
+// entry's life is looked up again in the background (one lookup per key at a time) while
+// requests go on using the entry, which is still within its bound. Requests that find no
+// usable entry share one lookup per key (keyFlight) instead of each asking the database.
+// Before this, every second each in-flight request of a busy key missed at once, and each
+// sent its own query (and, once a minute, its own last_used_at update of the same row,
+// serialized on its row lock while holding pool connections): a burst that showed as the
+// acquire's tail latency.
 type Auth struct {
 	db  *models.DB
 	st  store
 	log *slog.Logger
 
-	mu    sync.Mutex
-	cache map[string]cachedKey // by secret hash
+	mu      sync.Mutex
+	cache   map[string]cachedKey  // by secret hash
+	flights map[string]*keyFlight // lookups in progress, by secret hash
+	// touched is when this process last wrote last_used_at of a key, by secret hash.
+	touched map[string]time.Time
+	// gen counts revocations made through this Auth: a lookup begun before one stores no
+	// answer, so a revoked key cannot come back into the cache from a read older than it.
+	gen uint64
+
+	// now is the clock of the cache's ages (tests move it instead of sleeping).
+	now func() time.Time
 }
 
 type cachedKey struct {
-	p       Principal
+	p Principal
+	// fetched is when the lookup that produced p began: p reflects every revocation
+	// committed before then.
 	fetched time.Time
-	touched time.Time // when last_used_at was last written by this process
+	// refreshing is set while a background lookup of this entry runs, and stays set when one
+	// fails, so a failing database gets one attempt per entry, not one per request.
+	refreshing bool
+}
+
+// keyFlight is one database lookup of an API key that concurrent requests for the same key
+// wait for instead of each making their own. done is closed once p and err are set.
+type keyFlight struct {
+	started time.Time
+	done    chan struct{}
+	p       Principal
+	err     error
 }
 
 // CacheTTL is the longest a positive API-key lookup is reused without asking the database.
 const CacheTTL = time.Second
+
+// refreshAfter is the age at which a cached key in use is looked up again in the background:
+// early enough that the new answer is in before the entry lapses, under any database latency
+// short of half the TTL.
+const refreshAfter = CacheTTL / 2
+
+// refreshTimeout bounds a background lookup, which no request's deadline bounds.
+const refreshTimeout = 5 * time.Second
 
 // maxCachedKeys bounds the cache; it is simply emptied when full (keys are few in practice).
 const maxCachedKeys = 10000
@@ -54,7 +95,8 @@ func NewAuth(db *models.DB, log *slog.Logger) *Auth {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Auth{db: db, st: newStore(db), log: log, cache: map[string]cachedKey{}}
+	return &Auth{db: db, st: newStore(db), log: log, cache: map[string]cachedKey{},
+		flights: map[string]*keyFlight{}, touched: map[string]time.Time{}, now: time.Now}
 }
 
 // Authenticate returns the principal of an unrevoked API key. Errors: ErrUnauthorized for an
@@ -64,13 +106,82 @@ func (a *Auth) Authenticate(ctx context.Context, secret string) (Principal, erro
 		return Principal{}, ErrUnauthorized
 	}
 	h := hashSecret(secret)
-	now := time.Now()
-	a.mu.Lock()
-	c, ok := a.cache[h]
-	a.mu.Unlock()
-	if ok && now.Sub(c.fetched) < CacheTTL {
-		return c.p, nil
+	for {
+		now := a.now()
+		a.mu.Lock()
+		if c, ok := a.cache[h]; ok && now.Sub(c.fetched) < CacheTTL {
+			if now.Sub(c.fetched) >= refreshAfter && !c.refreshing {
+				c.refreshing = true
+				a.cache[h] = c
+				go a.refresh(h, a.gen)
+			}
+			a.mu.Unlock()
+			return c.p, nil
+		}
+		if f := a.flights[h]; f != nil {
+			a.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return Principal{}, storeError("authenticate", ctx.Err())
+			}
+			// The shared answer is as fresh as its lookup's start, and is used only within
+			// CacheTTL of it. A lookup that failed on its own request's deadline or
+			// cancellation says nothing about this request: look again.
+			if a.now().Sub(f.started) < CacheTTL && !isContextError(f.err) {
+				return f.p, f.err
+			}
+			continue
+		}
+		f := &keyFlight{started: now, done: make(chan struct{})}
+		a.flights[h] = f
+		gen := a.gen
+		a.mu.Unlock()
+		return a.lead(ctx, f, h, gen)
 	}
+}
+
+// lead makes the lookup of flight f for the key with secret hash h and hands its answer to
+// the requests waiting on f.
+func (a *Auth) lead(ctx context.Context, f *keyFlight, h string, gen uint64) (Principal, error) {
+	f.err = errFlightAbandoned // replaced below unless lookup panics
+	defer func() {
+		a.mu.Lock()
+		delete(a.flights, h)
+		a.mu.Unlock()
+		close(f.done)
+	}()
+	f.p, f.err = a.lookup(ctx, h, f.started, gen)
+	return f.p, f.err
+}
+
+// errFlightAbandoned is what waiting requests see of a lookup that never finished (it
+// panicked); it is a context error, so they make their own.
+var errFlightAbandoned = fmt.Errorf("API key lookup abandoned: %w", context.Canceled)
+
+// isContextError reports whether err comes from a context's end rather than the database.
+func isContextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// refresh looks the key with secret hash h up again in the background (Authenticate starts it
+// for an entry past refreshAfter). It is no request's work, so it logs without a request id.
+// A failure leaves the entry to lapse at its own time, after which requests look the key up
+// themselves and see the error.
+func (a *Auth) refresh(h string, gen uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), refreshTimeout)
+	defer cancel()
+	if _, err := a.lookup(ctx, h, a.now(), gen); err != nil && !errors.Is(err, ErrUnauthorized) {
+		a.log.DebugContext(ctx, "could not refresh a cached API key", "err", err)
+	}
+}
+
+// lookup reads the API key with secret hash h from the database and caches the answer as
+// fetched at started (when the lookup began), unless a revocation through this Auth happened
+// since gen was read. A key not found (or revoked) is dropped from the cache. It records the
+// key's use (last_used_at) at most every lastUsedEvery per process, in the background.
+// Errors: ErrUnauthorized, ErrStoreUnavailable.
+func (a *Auth) lookup(ctx context.Context, h string, started time.Time, gen uint64) (Principal, error) {
 	var k struct {
 		models.APIKey
 		TenantName string
@@ -89,16 +200,22 @@ func (a *Auth) Authenticate(ctx context.Context, secret string) (Principal, erro
 		return Principal{}, storeError("authenticate", err)
 	}
 	p := Principal{TenantID: k.TenantID, TenantName: k.TenantName, APIKeyID: k.ID, Prefix: k.Prefix}
-	touch := !ok || now.Sub(c.touched) >= lastUsedEvery
-	entry := cachedKey{p: p, fetched: now, touched: c.touched}
-	if touch {
-		entry.touched = now
-	}
 	a.mu.Lock()
-	if len(a.cache) >= maxCachedKeys {
-		a.cache = map[string]cachedKey{}
+	if gen == a.gen {
+		if len(a.cache) >= maxCachedKeys {
+			a.cache = map[string]cachedKey{}
+			a.touched = map[string]time.Time{}
+		}
+		if c, ok := a.cache[h]; !ok || !c.fetched.After(started) {
+			a.cache[h] = cachedKey{p: p, fetched: started}
+		}
 	}
-	a.cache[h] = entry
+	// Decided under the lock, so concurrent lookups of one key write last_used_at once.
+	now := a.now()
+	touch := now.Sub(a.touched[h]) >= lastUsedEvery
+	if touch {
+		a.touched[h] = now
+	}
 	a.mu.Unlock()
 	if touch {
 		// Bookkeeping only: it must not slow or fail the request it rides on.
