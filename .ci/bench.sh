@@ -60,12 +60,12 @@ echo "== batch acquire (100 keys per request) against single acquires, 16 connec
 s=$(rate "http://127.0.0.1:$port" 16 $single); b=$(rate "http://127.0.0.1:$port" 16 .ci/batch.lua BATCH=100)
 echo "$s $b" | awk '{printf "single: %d keys/s (p99 %.1f ms)   batch100: %d keys/s (p99 %.1f ms per batch)   ratio %.1f   non2xx %d/%d\n", $1, $2, $4*100, $5, ($1>0)?$4*100/$1:0, $3, $6}'
 
-echo "== group admission off (IDEMGATE_GROUP_ADMISSION=false) against on, new keys, idemgate alone"
+echo "== group admission on (IDEMGATE_GROUP_ADMISSION=true, experimental) against off (the default), new keys, idemgate alone"
 offport=$(freeport)
-start grouping-off "$offport" DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_GROUP_ADMISSION=false
+start grouping-on "$offport" DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_GROUP_ADMISSION=true
 printf '%-6s %10s %10s %9s %9s %7s\n' conns on/s off/s on_p99 off_p99 ratio
 for c in ${CONNS:-16 64}; do
-  on=$(rate "http://127.0.0.1:$port" "$c" $single); off=$(rate "http://127.0.0.1:$offport" "$c" $single)
+  on=$(rate "http://127.0.0.1:$offport" "$c" $single); off=$(rate "http://127.0.0.1:$port" "$c" $single)
   echo "$c $on $off" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
 done
 

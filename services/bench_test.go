@@ -15,8 +15,8 @@ import (
 )
 
 // BenchmarkAcquire measures Acquire through the service layer on each dialect, 16 concurrent
-// callers per CPU: "new" admits a fresh key per call (on PostgreSQL with group admission, and
-// "new-alone" without it), "hot" answers duplicates of one held key (a retry storm), and
+// callers per CPU: "new" admits a fresh key per call (on PostgreSQL also "new-grouped", with
+// group admission), "hot" answers duplicates of one held key (a retry storm), and
 // "batch100" admits 100 fresh keys per AcquireBatch call. Each reports acquires/s; compare
 // modes and dialects with each other in the same run, never with a fixed number.
 func BenchmarkAcquire(b *testing.B) {
@@ -46,7 +46,7 @@ func BenchmarkAcquire(b *testing.B) {
 		}
 		b.Run(string(db.Dialect)+"/new", func(b *testing.B) { parallel(b, newKey(adm)) })
 		if db.Dialect == models.Postgres {
-			b.Run(string(db.Dialect)+"/new-alone", func(b *testing.B) { parallel(b, newKey(adm.WithGroupAdmission(false))) })
+			b.Run(string(db.Dialect)+"/new-grouped", func(b *testing.B) { parallel(b, newKey(adm.WithGroupAdmission(true))) })
 		}
 		if _, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-hot", TTLSeconds: 3600}); err != nil {
 			b.Fatal(err)

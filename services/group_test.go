@@ -226,7 +226,7 @@ func TestGroupAdmissionUnderLoad(t *testing.T) {
 		if b.db.Dialect != models.Postgres {
 			t.Skip("SQLite does not group admissions")
 		}
-		adm := NewAdmission(b.db, nil, 0)
+		adm := NewAdmission(b.db, nil, 0).WithGroupAdmission(true)
 		const workers, each = 64, 30
 		var admitted sync.Map
 		var wg sync.WaitGroup

@@ -40,7 +40,7 @@ type store interface {
 // runs on.
 func newStore(db *models.DB) store {
 	if db.Dialect == models.Postgres {
-		return newPgStore(db)
+		return &pgStore{db: db}
 	}
 	return sqliteStore{db: db}
 }
