@@ -195,10 +195,7 @@ func flatten(ss [][]string) []string {
 // another transaction holds the row lock of one of its keys: the statement gives up within
 // its lock timeout, and none of its items (not even a free key's) was decided or logged.
 func TestGroupBatchLockTimeoutDecidesNothing(t *testing.T) {
-	eachDB(t, func(t *testing.T, b *testBundle) {
-		if b.db.Dialect != models.Postgres {
-			t.Skip("SQLite does not group admissions")
-		}
+	onPostgres(t, func(t *testing.T, b *testBundle) {
 		old := mustAcquire(t, b, "group-locked", 600)
 		require.NoError(t, b.db.Model(&models.IdemKey{}).Where("tenant_id = ? AND key = ?", b.p.TenantID, "group-locked").
 			Update("expires_at", old.ExpiresAt.Add(-700e9)).Error)
@@ -222,10 +219,7 @@ func TestGroupBatchLockTimeoutDecidesNothing(t *testing.T) {
 // one Admission on PostgreSQL: acquires are grouped into batches, and every guarantee holds
 // (each key admitted once, every answer consistent, every attempt logged).
 func TestGroupAdmissionUnderLoad(t *testing.T) {
-	eachDB(t, func(t *testing.T, b *testBundle) {
-		if b.db.Dialect != models.Postgres {
-			t.Skip("SQLite does not group admissions")
-		}
+	onPostgres(t, func(t *testing.T, b *testBundle) {
 		adm := NewAdmission(b.db, nil, 0).WithGroupAdmission(true)
 		const workers, each = 64, 30
 		var admitted sync.Map

@@ -31,7 +31,28 @@ type testBundle struct {
 // eachDB runs fn as a subtest on PostgreSQL and on SQLite, each with a fresh tenant.
 func eachDB(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 	t.Helper()
+	onDBs(t, dbs.All(), fn)
+}
+
+// onPostgres runs fn as a subtest on PostgreSQL only, for behaviour SQLite has no counterpart
+// of (row locks, group admission). It fails if the set has no PostgreSQL database.
+func onPostgres(t *testing.T, fn func(t *testing.T, b *testBundle)) {
+	t.Helper()
+	var pg []*models.DB
 	for _, db := range dbs.All() {
+		if db.Dialect == models.Postgres {
+			pg = append(pg, db)
+		}
+	}
+	if len(pg) == 0 {
+		t.Fatal("no PostgreSQL database in the test set")
+	}
+	onDBs(t, pg, fn)
+}
+
+func onDBs(t *testing.T, set []*models.DB, fn func(t *testing.T, b *testBundle)) {
+	t.Helper()
+	for _, db := range set {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			b := &testBundle{

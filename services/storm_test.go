@@ -74,10 +74,7 @@ func TestStormCountersStayExact(t *testing.T) {
 // Whether an acquire waits on a lock is read from pg_stat_activity (any backend of the test's
 // database waiting on a lock: only the acquire can be), not from a clock.
 func TestDuplicateTakesNoLockOnTheHolder(t *testing.T) {
-	eachDB(t, func(t *testing.T, b *testBundle) {
-		if b.db.Dialect != models.Postgres {
-			t.Skip("SQLite has one write lock for the whole database")
-		}
+	onPostgres(t, func(t *testing.T, b *testBundle) {
 		holder, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "locked-holder", TTLSeconds: 600, Fingerprint: ptr("fp")})
 		require.NoError(t, err)
 		// Its own connection for watching pg_stat_activity: the test pool may be exhausted by
