@@ -255,6 +255,7 @@ func TestHistoryWithServerKilled(t *testing.T) {
 	ps := startProcs(t, 2, func(int) []string { return []string{"DATABASE_URL=" + dbURL} })
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "kill", faultDuration(t))
+	w.batches = false
 	ft := newFaultTransport(w)
 	ctx, cancel := context.WithTimeout(context.Background(), w.duration)
 	defer cancel()
@@ -319,6 +320,7 @@ func TestHistoryWithBackendsTerminated(t *testing.T) {
 	defer admin.Close(context.Background())
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "term", faultDuration(t))
+	w.batches = false
 	ft := newFaultTransport(w)
 	ctx, cancel := context.WithTimeout(context.Background(), w.duration)
 	defer cancel()
@@ -441,6 +443,7 @@ func TestHistoryWithDatabaseOutage(t *testing.T) {
 	})
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "outage", faultDuration(t))
+	w.batches = false
 	ft := newFaultTransport(w)
 	// Clients honour Retry-After, so the outage adds a few dozen unknown outcomes, not
 	// hundreds (each one multiplies the states porcupine explores).

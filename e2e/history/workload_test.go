@@ -51,6 +51,11 @@ type workload struct {
 	clients  int
 	duration time.Duration
 	http     *http.Client
+	// batches: about one acquire call in five is a batch of 2–4. The fault runs turn it off:
+	// a batch cut off by a fault leaves every item's outcome unknown, and with hundreds of
+	// cut-off calls the check's search outgrew its time bound (porcupine Unknown, no
+	// violation found); batches are checked in the fault-free runs.
+	batches bool
 }
 
 func newWorkload(urls []string, prefix string, duration time.Duration) *workload {
@@ -58,7 +63,7 @@ func newWorkload(urls []string, prefix string, duration time.Duration) *workload
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%s:key/%d", prefix, i)
 	}
-	return &workload{urls: urls, keys: keys, clients: 16, duration: duration,
+	return &workload{urls: urls, keys: keys, clients: 16, duration: duration, batches: true,
 		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 }
 
@@ -174,7 +179,7 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 					body["release"] = true
 				}
 			}
-		} else if r < 40 && rng.Intn(5) == 0 {
+		} else if r < 40 && w.batches && rng.Intn(5) == 0 {
 			// A batch of 2–4 acquires, keys drawn with repetition: each item is recorded as an
 			// acquire with the batch call's interval.
 			items := make([]callInput, 2+rng.Intn(3))
