@@ -128,7 +128,7 @@ func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs) (decision, er
 	return row.decision(), nil
 }
 
-// acquireBatchSQL decides a batch with idemgate_acquire_batch (migration 00006): one
+// acquireBatchSQL decides a batch with idemgate_acquire_batch (migrations 00006, 00007): one
 // statement, items in order.
 const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
   $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::text)`
@@ -140,6 +140,22 @@ func (s *pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decisio
 // acquireMany decides as with acquireBatchSQL; lockTimeout, when not "", bounds every row-lock
 // wait of the statement (a 55P03 lock_not_available error then means nothing was decided).
 func (s *pgStore) acquireMany(ctx context.Context, as []acquireArgs, lockTimeout string) ([]decision, error) {
+	args := batchArgs(as, lockTimeout)
+	var err error
+	for try := 0; try < 5; try++ {
+		var ds []decision
+		if ds, err = s.acquireBatchOnce(ctx, len(as), args...); err == nil {
+			return ds, nil
+		} else if !isRetryable(err) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// batchArgs is acquireBatchSQL's 13 arguments for as: one array per parameter of a single
+// acquire, then the lock timeout (NULL when "").
+func batchArgs(as []acquireArgs, lockTimeout string) []any {
 	n := len(as)
 	tenants, keys, ttls := make([]int64, n), make([]string, n), make([]int32, n)
 	names, fps, corrs, metas, atts := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
@@ -153,16 +169,7 @@ func (s *pgStore) acquireMany(ctx context.Context, as []acquireArgs, lockTimeout
 	if lockTimeout != "" {
 		lt = &lockTimeout
 	}
-	var err error
-	for try := 0; try < 5; try++ {
-		var ds []decision
-		if ds, err = s.acquireBatchOnce(ctx, n, tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt); err == nil {
-			return ds, nil
-		} else if !isRetryable(err) {
-			return nil, err
-		}
-	}
-	return nil, err
+	return []any{tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt}
 }
 
 func (s *pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]decision, error) {
