@@ -3,7 +3,7 @@
 # ../shared/bench/compare.sh against it (the ratio to the floor server, in turns, same run) for
 # new keys, duplicates (DUP_EVERY=4: every key acquired four times) and a retry storm on one
 # key (HOT_KEYS=1), at 16 and 64 connections; then, against idemgate alone: batches of 100
-# against single acquires (keys/s), group admission off against on, and SQLite's new-key and
+# against single acquires (keys/s), group admission on (default) against off, and SQLite's new-key and
 # hot-key rates against PostgreSQL's. Env passed through to compare.sh: CONNS, SECONDS_EACH,
 # REPEATS.
 set -euo pipefail
@@ -23,11 +23,11 @@ DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_A
   "$tmp/idemgate" serve >"$tmp/server.log" 2>&1 & pid=$!
 for _ in $(seq 100); do curl -sf "127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 echo "== new keys (every request a fresh key)"
-IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port"
+IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee "$tmp/cmp-new"
 echo "== duplicates (DUP_EVERY=4: one admission, three duplicates per key)"
-DUP_EVERY=4 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port"
+DUP_EVERY=4 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee "$tmp/cmp-dup"
 echo "== retry storm (HOT_KEYS=1: every request the same key; the floor locks its row, idemgate does not)"
-HOT_KEYS=1 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port"
+HOT_KEYS=1 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee "$tmp/cmp-hot"
 
 # wrk against one URL: prints "requests/s p99_ms non2xx".
 secs=${SECONDS_EACH:-10}
@@ -55,17 +55,18 @@ alone=$(rate "http://127.0.0.1:$port" 16 $single)
 (IDEMGATE_API_KEY=$key HOT_KEYS=1 wrk -t1 -c64 -d"$((secs + 2))s" -s $single "http://127.0.0.1:$port" >/dev/null 2>&1) &
 sleep 1; beside=$(rate "http://127.0.0.1:$port" 16 $single); wait $!
 echo "$alone $beside" | awk '{printf "alone: %d/s p99 %.2f ms   beside the storm: %d/s p99 %.2f ms   p99 ratio %.2f\n", $1, $2, $4, $5, ($2>0)?$5/$2:0}'
+echo "$alone $beside" >"$tmp/beside"
 
 echo "== batch acquire (100 keys per request) against single acquires, 16 connections, idemgate alone"
 s=$(rate "http://127.0.0.1:$port" 16 $single); b=$(rate "http://127.0.0.1:$port" 16 .ci/batch.lua BATCH=100)
 echo "$s $b" | awk '{printf "single: %d keys/s (p99 %.1f ms)   batch100: %d keys/s (p99 %.1f ms per batch)   ratio %.1f   non2xx %d/%d\n", $1, $2, $4*100, $5, ($1>0)?$4*100/$1:0, $3, $6}'
 
-echo "== group admission on (IDEMGATE_GROUP_ADMISSION=true, experimental) against off (the default), new keys, idemgate alone"
+echo "== group admission on (the default) against off (IDEMGATE_GROUP_ADMISSION=false), new keys, idemgate alone"
 offport=$(freeport)
-start grouping-on "$offport" DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_GROUP_ADMISSION=true
+start grouping-off "$offport" DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_GROUP_ADMISSION=false
 printf '%-6s %10s %10s %9s %9s %7s\n' conns on/s off/s on_p99 off_p99 ratio
 for c in ${CONNS:-16 64}; do
-  on=$(rate "http://127.0.0.1:$offport" "$c" $single); off=$(rate "http://127.0.0.1:$port" "$c" $single)
+  on=$(rate "http://127.0.0.1:$port" "$c" $single); off=$(rate "http://127.0.0.1:$offport" "$c" $single)
   echo "$c $on $off" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
 done
 
@@ -78,3 +79,11 @@ for mode in new hot; do
   l=$(rate "http://127.0.0.1:$liteport" 16 $single HOT_KEYS=$hk); p=$(rate "http://127.0.0.1:$port" 16 $single HOT_KEYS=$hk)
   echo "$mode $l $p" | awk '{printf "%-9s %12d %12d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
 done
+
+# The hot path's goals, each a ratio within this run (compare.sh rows: conns idemgate/s floor/s
+# idem_p99 floor_p99 ratio non2xx).
+echo "== summary (ratios measured above, same run)"
+join <(grep "^[0-9]" "$tmp/cmp-new") <(grep "^[0-9]" "$tmp/cmp-hot") | awk '$1 ~ /^[0-9]+$/ {
+  printf "%-3s conns: new keys %.2fx floor rate, p99 %.2fx floor p99 | one hot key %.2fx own new-key rate, p99 %.2fx new-key p99\n",
+    $1, ($3>0)?$2/$3:0, ($5>0)?$4/$5:0, ($2>0)?$8/$2:0, ($4>0)?$10/$4:0 }'
+awk '{printf "16  conns: other keys beside a one-key storm: p99 %.2fx their p99 alone (%.2f -> %.2f ms)\n", ($2>0)?$5/$2:0, $2, $5}' "$tmp/beside"

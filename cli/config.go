@@ -28,7 +28,7 @@ type Config struct {
 	LogFormat       string        // IDEMGATE_LOG_FORMAT, "json" or "text"; default text on a terminal, else json
 	LogLevel        slog.Level    // IDEMGATE_LOG_LEVEL, debug, info, warn or error; default info
 	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
-	GroupAdmission  bool          // IDEMGATE_GROUP_ADMISSION, gather concurrent acquires into one statement (PostgreSQL), default false
+	GroupAdmission  bool          // IDEMGATE_GROUP_ADMISSION, gather concurrent acquires into one statement (PostgreSQL), default true
 	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
 	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
 	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
@@ -94,7 +94,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("IDEMGATE_MAX_TTL=%s is beyond the largest TTL the stores hold exactly: at most %d seconds (%s)",
 			c.MaxTTL, services.MaxTTLSeconds, services.MaxTTL))
 	}
-	c.GroupAdmission = false
+	c.GroupAdmission = true
 	if v := getenv("IDEMGATE_GROUP_ADMISSION"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {

@@ -47,15 +47,34 @@ func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admiss
 }
 
 // WithGroupAdmission returns a copy of a that gathers concurrent acquires into one statement
-// (on) or decides each alone (off). New Admissions decide each alone: grouping is opt-in until
-// it is faster over HTTP too (measured slower there in its first version; see grouper in
-// group.go). SQLite always decides each alone. a itself is not changed.
+// (on) or decides each alone (off); see grouper in group.go. New Admissions decide each alone
+// (tests and tools that want one statement per acquire); `idemgate serve` turns grouping on
+// unless IDEMGATE_GROUP_ADMISSION=false. SQLite always decides each alone. a itself is not
+// changed.
 func (a *Admission) WithGroupAdmission(on bool) *Admission {
 	c := *a
 	if pg, ok := a.st.(*pgStore); ok {
 		c.st = pg.withGroup(on)
 	}
 	return &c
+}
+
+// GroupStats counts group admission's work since the process started: Batches is the number
+// of statements that decided more than one acquire, Items the acquires in them, and Singles the
+// acquires sent alone because a statement slot was free. All zero when grouping is off or on
+// SQLite. Items/Batches is the mean batch size; a growing Singles share means an idle database.
+type GroupStats struct {
+	Batches, Items, Singles int64
+}
+
+// GroupStats returns a's group admission counters (see GroupStats).
+func (a *Admission) GroupStats() GroupStats {
+	pg, ok := a.st.(*pgStore)
+	if !ok || pg.group == nil {
+		return GroupStats{}
+	}
+	g := pg.group
+	return GroupStats{Batches: g.nBatches.Load(), Items: g.nItems.Load(), Singles: g.nSingles.Load()}
 }
 
 // AcquireInput is an acquire request (SPEC.md §4 "POST /v1/acquire"). Nil pointers are absent

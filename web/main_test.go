@@ -41,7 +41,7 @@ func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
 		t.Fatalf("sql DB: %v", err)
 	}
 	return Config{
-		Admission:      services.NewAdmission(db, log, 0),
+		Admission:      services.NewAdmission(db, log, 0).WithGroupAdmission(true),
 		Reads:          services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db),
 		Dashboard:      services.NewDashboard(db),

@@ -330,3 +330,23 @@ func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(r.errorsDesc, prometheus.CounterValue, float64(errs))
 }
+
+// registerGroupStats exports group admission's counters (services.GroupStats): how many
+// statements decided several acquires, how many acquires they carried, and how many went
+// alone. Constant zero when grouping is off.
+func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupStats) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemgate_group_admission_batches_total",
+			Help: "Statements that decided more than one acquire (group admission).",
+		}, func() float64 { return float64(stats().Batches) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemgate_group_admission_batched_acquires_total",
+			Help: "Acquires decided in a statement with others (group admission).",
+		}, func() float64 { return float64(stats().Items) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemgate_group_admission_single_acquires_total",
+			Help: "Acquires sent alone because a statement slot was free (group admission).",
+		}, func() float64 { return float64(stats().Singles) }),
+	)
+}

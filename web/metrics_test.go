@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -271,6 +272,41 @@ func TestPoolMetrics(t *testing.T) {
 				"idemgate_db_pool_max_idle_destroyed_connections_total"} {
 				require.GreaterOrEqual(t, sc.value(t, name), 0.0, name)
 			}
+		})
+	}
+}
+
+// TestGroupAdmissionMetrics: with group admission on (the served default), each of 48
+// concurrent acquires on PostgreSQL is counted exactly once, alone or in a batch (whether any
+// batch forms depends on timing); SQLite decides each alone and exports zeros.
+func TestGroupAdmissionMetrics(t *testing.T) {
+	for _, db := range dbs.All() {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			s := newTestServer(t, db)
+			c := newTenantClient(t, s)
+			const n = 48
+			var wg sync.WaitGroup
+			statuses := make([]int, n)
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					statuses[i] = acquire(c, fmt.Sprintf("grp-%d-%s", i, dashRandom()), nil).status
+				}()
+			}
+			wg.Wait()
+			for i, st := range statuses {
+				require.Equal(t, http.StatusCreated, st, "acquire %d", i)
+			}
+			sc := scrapeMetrics(t, s)
+			batched, batches := sc.value(t, "idemgate_group_admission_batched_acquires_total"), sc.value(t, "idemgate_group_admission_batches_total")
+			singles := sc.value(t, "idemgate_group_admission_single_acquires_total")
+			if db.Dialect == models.SQLite {
+				require.Zero(t, batched+batches+singles)
+				return
+			}
+			require.EqualValues(t, n, batched+singles, "every acquire decided once, alone or in a batch")
+			require.LessOrEqual(t, 2*batches, batched, "a batch holds at least two acquires")
 		})
 	}
 }

@@ -156,6 +156,7 @@ func New(cfg Config) *Server {
 		registerDBStats(reg, cfg.DB)
 	}
 	s.adm = cfg.Admission.WithObserver(s.metrics)
+	registerGroupStats(reg, s.adm.GroupStats)
 	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
 	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
 	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))

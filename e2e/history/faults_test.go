@@ -123,6 +123,13 @@ func (p *proc) kill() {
 	p.cmd = nil
 }
 
+// groupAdmission is server i's IDEMGATE_GROUP_ADMISSION: the first server of every run groups
+// concurrent acquires into one statement (the default), the second decides each alone, so
+// both paths race each other on one database in every history.
+func groupAdmission(i int) string {
+	return fmt.Sprintf("IDEMGATE_GROUP_ADMISSION=%t", i == 0)
+}
+
 // startProcs starts n processes with env in parallel.
 func startProcs(t *testing.T, n int, env func(i int) []string) []*proc {
 	ps := make([]*proc, n)
@@ -252,7 +259,7 @@ func TestHistoryWithServerKilled(t *testing.T) {
 	dbURL, drop, err := modeltest.CreatePostgres()
 	require.NoError(t, err)
 	t.Cleanup(drop)
-	ps := startProcs(t, 2, func(int) []string { return []string{"DATABASE_URL=" + dbURL} })
+	ps := startProcs(t, 2, func(i int) []string { return []string{"DATABASE_URL=" + dbURL, groupAdmission(i)} })
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "kill", faultDuration(t))
 	w.batches = false
@@ -311,7 +318,7 @@ func TestHistoryWithBackendsTerminated(t *testing.T) {
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
 	dbName := strings.TrimPrefix(u.Path, "/")
-	ps := startProcs(t, 2, func(int) []string { return []string{"DATABASE_URL=" + dbURL} })
+	ps := startProcs(t, 2, func(i int) []string { return []string{"DATABASE_URL=" + dbURL, groupAdmission(i)} })
 
 	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
 	admin, err := pgx.Connect(actx, modeltest.AdminURL())
@@ -439,7 +446,7 @@ func TestHistoryWithDatabaseOutage(t *testing.T) {
 	ps := startProcs(t, 2, func(i int) []string {
 		pu := *u
 		pu.Host = pxs[i].l.Addr().String()
-		return []string{"DATABASE_URL=" + pu.String()}
+		return []string{"DATABASE_URL=" + pu.String(), groupAdmission(i)}
 	})
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "outage", faultDuration(t))
