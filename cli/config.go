@@ -28,7 +28,7 @@ type Config struct {
 	LogFormat       string        // IDEMGATE_LOG_FORMAT, "json" or "text"; default text on a terminal, else json
 	LogLevel        slog.Level    // IDEMGATE_LOG_LEVEL, debug, info, warn or error; default info
 	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
-	GroupAdmission  bool          // IDEMGATE_GROUP_ADMISSION, gather concurrent acquires into one statement (PostgreSQL), default true
+	GroupAdmission  bool          // IDEMGATE_GROUP_ADMISSION, gather concurrent acquires into one statement and commit (both databases), default true
 	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
 	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
 	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none

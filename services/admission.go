@@ -47,34 +47,41 @@ func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admiss
 }
 
 // WithGroupAdmission returns a copy of a that gathers concurrent acquires into one statement
-// (on) or decides each alone (off); see grouper in group.go. New Admissions decide each alone
-// (tests and tools that want one statement per acquire); `idemgate serve` turns grouping on
-// unless IDEMGATE_GROUP_ADMISSION=false. SQLite always decides each alone. a itself is not
-// changed.
+// and one commit (on) or decides each alone (off); see grouper in group.go. New Admissions
+// decide each alone (tests and tools that want one statement per acquire); `idemgate serve`
+// turns grouping on unless IDEMGATE_GROUP_ADMISSION=false. a itself is not changed.
 func (a *Admission) WithGroupAdmission(on bool) *Admission {
 	c := *a
-	if pg, ok := a.st.(*pgStore); ok {
-		c.st = pg.withGroup(on)
+	base := a.st
+	if gs, ok := base.(groupedStore); ok {
+		base = gs.store
+	}
+	c.st = base
+	if on {
+		c.st = groupedStore{store: base, g: base.grouper()}
 	}
 	return &c
 }
 
 // GroupStats counts group admission's work since the process started: Batches is the number
-// of statements that decided more than one acquire, Items the acquires in them, and Singles the
-// acquires sent alone because a statement slot was free. All zero when grouping is off or on
-// SQLite. Items/Batches is the mean batch size; a growing Singles share means an idle database.
+// of statements that decided more than one acquire, Items the acquires in them, Singles the
+// acquires sent alone because the statement slot was free, and Contended the statements undone
+// because one of their acquires would have waited on a row lock (PostgreSQL; those acquires
+// were then decided alone). All zero when grouping is off. Items/Batches is the mean batch
+// size; a growing Singles share means an idle database.
 type GroupStats struct {
-	Batches, Items, Singles int64
+	Batches, Items, Singles, Contended int64
 }
 
 // GroupStats returns a's group admission counters (see GroupStats).
 func (a *Admission) GroupStats() GroupStats {
-	pg, ok := a.st.(*pgStore)
-	if !ok || pg.group == nil {
+	gs, ok := a.st.(groupedStore)
+	if !ok {
 		return GroupStats{}
 	}
-	g := pg.group
-	return GroupStats{Batches: g.nBatches.Load(), Items: g.nItems.Load(), Singles: g.nSingles.Load()}
+	g := gs.g
+	return GroupStats{Batches: g.nBatches.Load(), Items: g.nItems.Load(), Singles: g.nSingles.Load(),
+		Contended: g.nContended.Load()}
 }
 
 // AcquireInput is an acquire request (SPEC.md §4 "POST /v1/acquire"). Nil pointers are absent

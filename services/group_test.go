@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,13 +23,25 @@ type fakeStore struct {
 	batches [][]string
 	gate    chan struct{}
 	failure error // returned once by the next batch
+	// locked keys: a bounded single of one fails as contended; an unbounded one waits on
+	// gate (when set).
+	locked map[string]bool
+	// unbounded counts singles sent without the lock timeout.
+	unbounded []string
 }
 
-func (f *fakeStore) single(ctx context.Context, a acquireArgs) (decision, error) {
+func (f *fakeStore) single(ctx context.Context, a acquireArgs, bounded bool) (decision, error) {
 	f.mu.Lock()
 	f.singles = append(f.singles, a.in.Key)
+	locked := f.locked[a.in.Key]
+	if !bounded {
+		f.unbounded = append(f.unbounded, a.in.Key)
+	}
 	f.mu.Unlock()
-	if f.gate != nil {
+	if locked && bounded {
+		return decision{}, &pgconn.PgError{Code: "55P03"}
+	}
+	if f.gate != nil && (f.locked == nil || locked) {
 		select {
 		case <-f.gate:
 		case <-ctx.Done():
@@ -57,7 +71,7 @@ func (f *fakeStore) batch(_ context.Context, as []acquireArgs) ([]decision, erro
 }
 
 func newFakeGrouper(f *fakeStore, inFlight int) *grouper {
-	return &grouper{single: f.single, batch: f.batch, maxInFlight: inFlight, maxItems: 3,
+	return &grouper{single: f.single, batch: f.batch, contended: isLockTimeout, maxInFlight: inFlight, maxItems: 3,
 		bound: func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }}
 }
 
@@ -165,13 +179,14 @@ func TestGrouperDecidesEachAloneAfterALockTimeout(t *testing.T) {
 		{ctx: bg, args: acquireArgs{in: AcquireInput{Key: "b"}}, done: make(chan struct{})},
 	}
 	g.run(batch)
-	require.Equal(t, [][]string{{"a", "b"}}, f.batches)
-	require.Equal(t, []string{"a", "b"}, f.singles)
 	for _, p := range batch {
 		<-p.done
 		require.NoError(t, p.err)
 		require.Equal(t, ResultAdmitted, p.d.result)
 	}
+	require.Equal(t, [][]string{{"a", "b"}}, f.batches)
+	require.ElementsMatch(t, []string{"a", "b"}, f.unbounded, "decided again alone, without the lock timeout")
+	require.EqualValues(t, 1, g.nContended.Load())
 	f.failure = errors.New("boom")
 	batch = []*pendingAcquire{
 		{ctx: bg, args: acquireArgs{in: AcquireInput{Key: "c"}}, done: make(chan struct{})},
@@ -180,6 +195,63 @@ func TestGrouperDecidesEachAloneAfterALockTimeout(t *testing.T) {
 	g.run(batch)
 	for _, p := range batch {
 		require.EqualError(t, p.err, "boom", "any other failure is every item's")
+	}
+}
+
+// TestGrouperSlotNeverWaitsOnALockedKey: an acquire whose key row is locked gives up its
+// statement slot after the lock timeout and waits outside it, alone and unbounded, so the
+// acquires of other keys behind it are decided meanwhile; this holds for a lone acquire and
+// for a batch that contained one. With the old grouper (a lone acquire and a batch's fallback
+// both ran unbounded in the slot), "other" waited until "locked" was let go.
+func TestGrouperSlotNeverWaitsOnALockedKey(t *testing.T) {
+	for _, alone := range []bool{true, false} {
+		t.Run(fmt.Sprintf("alone=%v", alone), func(t *testing.T) {
+			f := &fakeStore{gate: make(chan struct{}), locked: map[string]bool{"locked": true}}
+			g := newFakeGrouper(f, 1)
+			lockedDone := make(chan error, 2)
+			if alone {
+				go func() {
+					_, err := g.acquire(bg, acquireArgs{in: AcquireInput{Key: "locked"}})
+					lockedDone <- err
+				}()
+			} else {
+				f.failure = &pgconn.PgError{Code: "55P03"} // the batch holding "locked" gives up
+				g.mu.Lock()
+				g.inFlight++ // as drain does: the batch runs in the slot
+				g.mu.Unlock()
+				p := &pendingAcquire{ctx: bg, args: acquireArgs{in: AcquireInput{Key: "locked"}}, done: make(chan struct{})}
+				free := &pendingAcquire{ctx: bg, args: acquireArgs{in: AcquireInput{Key: "free"}}, done: make(chan struct{})}
+				go func() {
+					g.run([]*pendingAcquire{p, free})
+					g.release()
+					<-p.done
+					lockedDone <- p.err
+				}()
+				<-free.done
+				require.NoError(t, free.err)
+			}
+			for { // wait until "locked" waits outside the slot
+				f.mu.Lock()
+				n := len(f.unbounded)
+				f.mu.Unlock()
+				if n > 0 {
+					break
+				}
+			}
+			ctx, cancel := context.WithTimeout(bg, 10*time.Second) // a liveness bound, not a timing
+			defer cancel()
+			d, err := g.acquire(ctx, acquireArgs{in: AcquireInput{Key: "other"}})
+			require.NoError(t, err, "decided while the locked key still waits")
+			require.Equal(t, "other", d.op.Key)
+			select {
+			case err := <-lockedDone:
+				t.Fatalf("the locked key was answered before its lock was let go: %v", err)
+			default:
+			}
+			close(f.gate)
+			require.NoError(t, <-lockedDone)
+			require.Positive(t, g.nContended.Load())
+		})
 	}
 }
 
@@ -215,11 +287,66 @@ func TestGroupBatchLockTimeoutDecidesNothing(t *testing.T) {
 	})
 }
 
-// TestGroupAdmissionUnderLoad sends 64 concurrent callers of new and repeated keys through
-// one Admission on PostgreSQL: acquires are grouped into batches, and every guarantee holds
-// (each key admitted once, every answer consistent, every attempt logged).
-func TestGroupAdmissionUnderLoad(t *testing.T) {
+// TestGroupedAcquireOfALockedKeyDelaysOnlyItself, on PostgreSQL: another transaction holds the
+// row lock of an expired key; a grouped acquire of that key gives up the statement slot at the
+// lock timeout and waits alone, while acquires of other keys through the same Admission are
+// decided meanwhile. When the lock is let go, the waiting acquire takes the key over.
+func TestGroupedAcquireOfALockedKeyDelaysOnlyItself(t *testing.T) {
 	onPostgres(t, func(t *testing.T, b *testBundle) {
+		old := mustAcquire(t, b, "slot-locked", 600)
+		require.NoError(t, b.db.Model(&models.IdemKey{}).Where("tenant_id = ? AND key = ?", b.p.TenantID, "slot-locked").
+			Update("expires_at", old.ExpiresAt.Add(-700e9)).Error)
+		locker := b.db.Begin()
+		require.NoError(t, locker.Error)
+		defer locker.Rollback()
+		require.NoError(t, locker.Exec("SELECT 1 FROM idem_keys WHERE tenant_id = ? AND key = ? FOR UPDATE", b.p.TenantID, "slot-locked").Error)
+
+		adm := NewAdmission(b.db, nil, 0).WithGroupAdmission(true)
+		g := adm.st.(groupedStore).g
+		type answer struct {
+			acq *Acquisition
+			err error
+		}
+		locked := make(chan answer, 1)
+		go func() {
+			acq, err := adm.Acquire(bg, b.p, AcquireInput{Key: "slot-locked", TTLSeconds: 600})
+			locked <- answer{acq, err}
+		}()
+		for start := time.Now(); g.nContended.Load() == 0; time.Sleep(time.Millisecond) { // it gave up the slot, waits alone
+			require.Less(t, time.Since(start), 10*time.Second, "the acquire of the locked key never gave up its slot")
+		}
+		ctx, cancel := context.WithTimeout(bg, 10*time.Second) // a liveness bound, not a timing
+		defer cancel()
+		var wg sync.WaitGroup
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				acq, err := adm.Acquire(ctx, b.p, AcquireInput{Key: fmt.Sprintf("slot-free-%d", i), TTLSeconds: 600})
+				if assert.NoError(t, err, "other keys are decided while one key's row is locked") {
+					assert.True(t, acq.Admitted)
+				}
+			}(i)
+		}
+		wg.Wait()
+		select {
+		case a := <-locked:
+			t.Fatalf("answered while its row was still locked: %+v %v", a.acq, a.err)
+		default:
+		}
+		require.NoError(t, locker.Rollback().Error)
+		a := <-locked
+		require.NoError(t, a.err)
+		require.True(t, a.acq.Admitted)
+		require.EqualValues(t, 2, a.acq.FencingToken, "took the expired key over")
+	})
+}
+
+// TestGroupAdmissionUnderLoad sends 64 concurrent callers of new and repeated keys through
+// one Admission, on both databases: acquires are grouped into batches, and every guarantee
+// holds (each key admitted once, every answer consistent, every attempt logged).
+func TestGroupAdmissionUnderLoad(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
 		adm := NewAdmission(b.db, nil, 0).WithGroupAdmission(true)
 		const workers, each = 64, 30
 		var admitted sync.Map
@@ -256,8 +383,8 @@ func TestGroupAdmissionUnderLoad(t *testing.T) {
 		for err := range errs {
 			require.NoError(t, err)
 		}
-		g := adm.st.(*pgStore).group
-		require.Positive(t, g.nBatches.Load(), "64 concurrent callers on 4 statement slots must have queued")
+		g := adm.st.(groupedStore).g
+		require.Positive(t, g.nBatches.Load(), "64 concurrent callers on one statement slot must have queued")
 		require.Greater(t, g.nItems.Load(), g.nBatches.Load(), "batches of more than one")
 		require.EqualValues(t, workers*each, countRows(t, b).Attempts, "every acquire logged once")
 		n := 0

@@ -19,43 +19,28 @@ import (
 // through the rules and both stores.
 type pgStore struct {
 	db *models.DB
-	// group gathers concurrent acquires into batches (group.go); nil decides each alone.
-	group *grouper
 }
 
-// groupMaxInFlight is how many acquire statements group admission runs at once per process;
-// acquires arriving while that many run wait and go together in the next batch.
-// groupMaxItems bounds a batch.
-const (
-	groupMaxInFlight = 4
-	groupMaxItems    = 64
-	// groupLockTimeout is the lock timeout of a batch of others' acquires (see grouper).
-	groupLockTimeout = "20ms"
-)
+// groupLockTimeout is the lock timeout of the statements group admission sends from its slot
+// (see grouper): a slot never waits longer than this on one key's row lock.
+const groupLockTimeout = "20ms"
 
-// withGroup returns a store over the same database that groups acquires (on) or not.
-func (s *pgStore) withGroup(on bool) *pgStore {
-	if !on {
-		return &pgStore{db: s.db}
-	}
-	if s.group != nil {
-		return s
-	}
-	return newPgStore(s.db)
-}
-
-func newPgStore(db *models.DB) *pgStore {
-	s := &pgStore{db: db}
-	s.group = &grouper{
-		single: s.acquireAlone,
+func (s *pgStore) grouper() *grouper {
+	return &grouper{
+		single: func(ctx context.Context, a acquireArgs, bounded bool) (decision, error) {
+			if bounded {
+				return s.acquireAlone(ctx, a, groupLockTimeout)
+			}
+			return s.acquireAlone(ctx, a, "")
+		},
 		batch: func(ctx context.Context, as []acquireArgs) ([]decision, error) {
 			return s.acquireMany(ctx, as, groupLockTimeout)
 		},
-		bound:       func() (context.Context, context.CancelFunc) { return db.Bounded(context.Background()) },
+		contended:   isLockTimeout,
+		bound:       func() (context.Context, context.CancelFunc) { return s.db.Bounded(context.Background()) },
 		maxInFlight: groupMaxInFlight,
 		maxItems:    groupMaxItems,
 	}
-	return s
 }
 
 func (s *pgStore) lock(q *gorm.DB) *gorm.DB { return q.Clauses(clause.Locking{Strength: "UPDATE"}) }
@@ -70,7 +55,8 @@ func (*pgStore) hourOf(col string) string {
 // idemgate_acquire function, which decides duplicate, conflict, attempt_id retry or takeover.
 // The function sits behind a one-time filter on NOT EXISTS (ins), so it runs only then.
 // Skipping PL/pgSQL for new keys measured +15% acquires/s (pgbench, 16 clients).
-const acquireSQL = `WITH now AS (SELECT clock_timestamp() AS t),
+const acquireSQL = `WITH now AS (SELECT clock_timestamp() AS t,
+  set_config('lock_timeout', COALESCE($13::text, current_setting('lock_timeout')), true) AS lock_timeout),
 ins AS (
   INSERT INTO idem_keys (tenant_id, key, fencing_token, holder_operation_id, expires_at, last_operation_id, acquired_at)
   SELECT $1, $2, 1, $10::uuid, t + make_interval(secs => $3::integer), $10::uuid, t FROM now
@@ -104,21 +90,20 @@ SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (s *pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
-	if s.group != nil {
-		return s.group.acquire(ctx, a)
-	}
-	return s.acquireAlone(ctx, a)
+	return s.acquireAlone(ctx, a, "")
 }
 
-// acquireAlone decides one acquire with acquireSQL.
-func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs) (decision, error) {
+// acquireAlone decides one acquire with acquireSQL; lockTimeout, when not "", bounds every
+// row-lock wait of the statement (a 55P03 lock_not_available error then means nothing was
+// decided).
+func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs, lockTimeout string) (decision, error) {
 	// A statement that lost a race it cannot resolve in place (serialization failure: the
 	// holder released while we read it; or a deadlock victim) changed nothing, and the next try
 	// sees the winner's committed state. A few tries always suffice in practice.
 	var row acquireRow
 	var err error
 	for try := 0; try < 5; try++ {
-		if err = s.acquireOnce(ctx, a, &row); !isRetryable(err) {
+		if err = s.acquireOnce(ctx, a, lockTimeout, &row); !isRetryable(err) {
 			break
 		}
 	}
@@ -220,13 +205,17 @@ func isRetryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
-func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, row *acquireRow) error {
+func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, lockTimeout string, row *acquireRow) error {
 	// The hottest statement goes straight to the pgx pool under GORM: GORM's Raw rebuilt the
 	// 3 KB statement and interpolated it for its trace logger on every call, which cost more CPU
 	// than the rest of the request. pgx caches the prepared statement per connection.
 	p, in := a.p, a.in
+	var lt *string
+	if lockTimeout != "" {
+		lt = &lockTimeout
+	}
 	return s.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
-		in.CorrelationID, jsonArg(a.meta), in.AttemptID, p.Prefix, a.opID, a.ownerHash, p.APIKeyID).Scan(
+		in.CorrelationID, jsonArg(a.meta), in.AttemptID, p.Prefix, a.opID, a.ownerHash, p.APIKeyID, lt).Scan(
 		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
 		&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
 		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,

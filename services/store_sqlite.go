@@ -19,6 +19,19 @@ type sqliteStore struct {
 
 func (sqliteStore) lock(q *gorm.DB) *gorm.DB { return q }
 
+// grouper gathers concurrent acquires into one immediate transaction: SQLite has one writer
+// anyway, so they queue in Go, in arrival order, instead of on busy_timeout's sleeps, and
+// share one commit (one fsync under synchronous=FULL). No row locks, so nothing is contended.
+func (s sqliteStore) grouper() *grouper {
+	return &grouper{
+		single:      func(ctx context.Context, a acquireArgs, _ bool) (decision, error) { return s.acquire(ctx, a) },
+		batch:       s.acquireBatch,
+		bound:       func() (context.Context, context.CancelFunc) { return s.db.Bounded(context.Background()) },
+		maxInFlight: groupMaxInFlight,
+		maxItems:    groupMaxItems,
+	}
+}
+
 func (sqliteStore) hourOf(col string) string { return "strftime('%Y-%m-%d %H', " + col + ")" }
 
 func (s sqliteStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {

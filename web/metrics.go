@@ -332,8 +332,9 @@ func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // registerGroupStats exports group admission's counters (services.GroupStats): how many
-// statements decided several acquires, how many acquires they carried, and how many went
-// alone. Constant zero when grouping is off.
+// statements decided several acquires, how many acquires they carried, how many went alone,
+// and how many statements gave up on a row lock (their acquires then decided alone). Constant
+// zero when grouping is off.
 func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupStats) {
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -346,7 +347,11 @@ func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupSt
 		}, func() float64 { return float64(stats().Items) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemgate_group_admission_single_acquires_total",
-			Help: "Acquires sent alone because a statement slot was free (group admission).",
+			Help: "Acquires sent alone because the statement slot was free (group admission).",
 		}, func() float64 { return float64(stats().Singles) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemgate_group_admission_contended_total",
+			Help: "Group admission statements undone because an acquire in them would have waited on a row lock; their acquires were decided alone.",
+		}, func() float64 { return float64(stats().Contended) }),
 	)
 }
