@@ -1,5 +1,5 @@
 // Command idemgate is an idempotency-key admission service with a reconciliation dashboard.
-// See README.md; the contract is SPEC.md.
+// See README.md; the contract is docs/reference.md.
 package main
 
 import (

@@ -25,7 +25,7 @@ import (
 // TestSecretsNeverLogged (issue 4 point 4): a full run with generated bootstrap secrets, API
 // calls, dashboard sign-ins and `apikey create`; afterwards the server's whole log is scanned
 // for every secret the run created or sent. The generated admin password and API key appear
-// exactly once, in the startup lines that announce them (SPEC.md §7); nothing else ever does.
+// exactly once, in the startup lines that announce them (docs/reference.md §7); nothing else ever does.
 func TestSecretsNeverLogged(t *testing.T) {
 	dbPath := filepath.Join(t.TempDir(), "secrets.db")
 	// Empty values override startServer's fixed secrets, so both are generated.

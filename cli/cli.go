@@ -1,4 +1,4 @@
-// Package cli is idemgate's command line (SPEC.md §7), built with cobra: serve (the default),
+// Package cli is idemgate's command line (docs/reference.md §7), built with cobra: serve (the default),
 // migrate, apikey create/revoke, operator create, reap. It reads configuration from the
 // environment (config.go) and wires models, services and web together.
 package cli

@@ -12,7 +12,7 @@ import (
 	"github.com/idemgate/idemgate/services"
 )
 
-// Config is idemgate's configuration, read from the environment (SPEC.md §7). Durations accept
+// Config is idemgate's configuration, read from the environment (docs/reference.md §7). Durations accept
 // Go syntax ("90s", "36h"), a day suffix ("30d") or a bare number of seconds.
 type Config struct {
 	Addr            string        // IDEMGATE_ADDR, default 127.0.0.1:8080

@@ -42,7 +42,7 @@ func serve(ctx context.Context, env Env) error {
 		log.Error("cannot bootstrap", "err", err)
 		return err
 	}
-	// SPEC.md §7: each generated secret is printed once, here, and never again.
+	// docs/reference.md §7: each generated secret is printed once, here, and never again.
 	if boot.AdminPassword != "" {
 		log.Warn("created dashboard account 'admin'; this password is shown only once", "username", "admin", "password", boot.AdminPassword)
 	} else if boot.AdminCreated {

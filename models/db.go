@@ -24,7 +24,7 @@ import (
 // Dialect names the database behind a *gorm.DB.
 type Dialect string
 
-// The two supported dialects (SPEC.md §6).
+// The two supported dialects (docs/reference.md §6).
 const (
 	Postgres Dialect = "postgres"
 	SQLite   Dialect = "sqlite"
@@ -267,7 +267,7 @@ func (d *DB) Close() error {
 	return err
 }
 
-// Now returns the database clock (SPEC.md §6: expiry is judged by the database, never by each
+// Now returns the database clock (docs/reference.md §6: expiry is judged by the database, never by each
 // server's clock, so instances with skewed clocks agree). On SQLite the database lives in this
 // process, so its clock is the process clock. Times are UTC with microsecond precision, the
 // precision PostgreSQL stores.

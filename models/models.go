@@ -30,7 +30,7 @@ type APIKey struct {
 func (APIKey) TableName() string { return "api_keys" }
 
 // Operator is a dashboard account. PasswordHash is a bcrypt hash. TenantID nil means a global
-// account; otherwise the account sees only that tenant (SPEC.md §5).
+// account; otherwise the account sees only that tenant (docs/reference.md §5).
 type Operator struct {
 	ID           int64
 	Username     string
@@ -55,7 +55,7 @@ func (Session) TableName() string { return "sessions" }
 
 // IdemKey is one (tenant, idempotency key) ever acquired. The hold is HolderOperationID plus
 // ExpiresAt: both are nil when the key is free, and they are cleared only by compare on
-// HolderOperationID (SPEC.md §6). The row outlives its holds so that FencingToken, the fencing
+// HolderOperationID (docs/reference.md §6). The row outlives its holds so that FencingToken, the fencing
 // token of the newest operation, keeps increasing across generations.
 type IdemKey struct {
 	ID                int64
@@ -71,7 +71,7 @@ type IdemKey struct {
 // TableName pins the table name ("keys" is a reserved word in several SQL dialects).
 func (IdemKey) TableName() string { return "idem_keys" }
 
-// Operation is one admitted attempt and its durable evidence (SPEC.md §2). ID is a UUID string.
+// Operation is one admitted attempt and its durable evidence (docs/reference.md §2). ID is a UUID string.
 // Metadata and OutcomeResponse hold raw JSON text. OwnerTokenHash is the hex SHA-256 of the owner
 // token. APIKeyID is the API key whose acquire created the operation, the only caller whose
 // attempt_id retry is honoured (nil for operations created before it was recorded). EndedAt is set when the operation reaches a state in which retention may purge it
@@ -115,7 +115,7 @@ type Operation struct {
 // TableName pins the table name.
 func (Operation) TableName() string { return "operations" }
 
-// Attempt is one call of acquire, whatever its result (SPEC.md §1.5). OperationID is the
+// Attempt is one call of acquire, whatever its result (docs/reference.md §1.5). OperationID is the
 // operation the call was answered about: the new one when admitted, the holder otherwise.
 // Caller is the prefix of the API key that made the call.
 type Attempt struct {

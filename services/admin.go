@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// Administration of API keys and operator accounts (SPEC.md §5 "admin", issue 4).
+// Administration of API keys and operator accounts (docs/reference.md §5 "admin", issue 4).
 //
 // Every method here takes the acting account and requires a *global* admin: role admin and no
 // tenant. A tenant-restricted admin is refused too, because API keys and operator accounts

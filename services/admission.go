@@ -12,7 +12,7 @@ import (
 	"github.com/idemgate/idemgate/models"
 )
 
-// DefaultMaxTTL is the largest ttl_seconds accepted unless configured otherwise (SPEC.md §4).
+// DefaultMaxTTL is the largest ttl_seconds accepted unless configured otherwise (docs/reference.md §4).
 const DefaultMaxTTL = 30 * 24 * time.Hour
 
 // MaxTTLSeconds is the largest ttl_seconds any configuration may allow: 2^31-1 seconds (about
@@ -25,7 +25,7 @@ const MaxTTLSeconds = math.MaxInt32
 // (IDEMGATE_MAX_TTL is refused at start above it; NewAdmission cuts a larger one to it).
 const MaxTTL = MaxTTLSeconds * time.Second
 
-// Admission decides admission and records outcomes and releases (SPEC.md §3–4). It is safe for
+// Admission decides admission and records outcomes and releases (docs/reference.md §3–4). It is safe for
 // concurrent use by any number of goroutines and server processes sharing one database.
 type Admission struct {
 	db     *models.DB
@@ -84,7 +84,7 @@ func (a *Admission) GroupStats() GroupStats {
 		Contended: g.nContended.Load()}
 }
 
-// AcquireInput is an acquire request (SPEC.md §4 "POST /v1/acquire"). Nil pointers are absent
+// AcquireInput is an acquire request (docs/reference.md §4 "POST /v1/acquire"). Nil pointers are absent
 // fields. Metadata, when set, must be a JSON object.
 type AcquireInput struct {
 	Key           string
@@ -96,7 +96,7 @@ type AcquireInput struct {
 	Metadata      json.RawMessage
 }
 
-// validate checks in against SPEC.md's limits and returns the compacted metadata. All field
+// validate checks in against docs/reference.md's limits and returns the compacted metadata. All field
 // problems are reported at once.
 func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) {
 	var fe []FieldError
@@ -138,7 +138,7 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 }
 
 // Acquire asks whether this attempt may run the operation named by in.Key in p's tenant
-// (SPEC.md §4). It returns an Acquisition with Admitted true (201, always with State
+// (docs/reference.md §4). It returns an Acquisition with Admitted true (201, always with State
 // in_progress: "run the effect now") for a free key or an attempt_id retry, Admitted false with
 // the holder's Operation for a duplicate (200), or an
 // error: ErrInvalidRequest with Fields, ErrFingerprintMismatch (422) for a held key with a
@@ -176,7 +176,7 @@ type BatchItem struct {
 }
 
 // AcquireBatch decides items, in order, in p's tenant, as one database round trip and one
-// transaction (SPEC.md §9). Items are independent: each gets the answer Acquire would have
+// transaction (docs/reference.md §9). Items are independent: each gets the answer Acquire would have
 // given it (an invalid item is refused alone and logs no attempt), and two items with the same
 // key are decided in order, the second seeing the first. Every valid item is logged as an
 // attempt in the transaction of its decision. Errors for the whole batch: ErrInvalidRequest

@@ -538,7 +538,7 @@ func TestConcurrentAcquireOfExpiredKey(t *testing.T) {
 	})
 }
 
-// Keyset pagination newest first, filters, and refusal of bad parameters (SPEC.md §4 "Reads").
+// Keyset pagination newest first, filters, and refusal of bad parameters (docs/reference.md §4 "Reads").
 func TestListKeysAndAttempts(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {

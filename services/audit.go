@@ -11,7 +11,7 @@ import (
 	"github.com/idemgate/idemgate/models"
 )
 
-// Audit limits (SPEC.md §5 "Audit").
+// Audit limits (docs/reference.md §5 "Audit").
 const (
 	// DefaultAuditSpan is the time range audited when the filter gives none.
 	DefaultAuditSpan = 24 * time.Hour
@@ -150,7 +150,7 @@ func (au *Audit) auditScope(ctx context.Context, tenantID *int64, name string) (
 
 // Report reports the duplicate and conflicting attempts in f's range, and the admissions in it
 // that were a possible duplicate effect, grouped by (tenant, key), for one tenant or every
-// tenant when tenantID is nil (SPEC.md §5 "Audit"). At most
+// tenant when tenantID is nil (docs/reference.md §5 "Audit"). At most
 // MaxAuditGroups groups, most recent last attempt first. Errors: ErrInvalidRequest (bad
 // range, see ResolveFilter), ErrStoreUnavailable.
 func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {

@@ -87,7 +87,7 @@ const maxCachedKeys = 10000
 // lastUsedEvery throttles writes of api_keys.last_used_at to one per key per process.
 const lastUsedEvery = time.Minute
 
-// MinPasswordChars is the shortest operator password accepted (SPEC.md §7).
+// MinPasswordChars is the shortest operator password accepted (docs/reference.md §7).
 const MinPasswordChars = 12
 
 // NewAuth returns an Auth over db; log may be nil (nothing is logged).
@@ -235,7 +235,7 @@ func (a *Auth) lookup(ctx context.Context, h string, started time.Time, gen uint
 var apiKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{24,128}$`)
 
 // ValidateAPIKeySecret checks a caller-supplied API key (IDEMGATE_BOOTSTRAP_API_KEY): 24–128
-// characters of [A-Za-z0-9_-] (SPEC.md §7). It returns "" when valid.
+// characters of [A-Za-z0-9_-] (docs/reference.md §7). It returns "" when valid.
 func ValidateAPIKeySecret(s string) string {
 	if !apiKeyPattern.MatchString(s) {
 		return "must be 24 to 128 characters of A-Z, a-z, 0-9, '_' and '-'"
@@ -323,7 +323,7 @@ type OperatorAccount struct {
 	TenantID *int64
 }
 
-// CreateOperator creates a dashboard account (SPEC.md §7 "operator create"). role is admin,
+// CreateOperator creates a dashboard account (docs/reference.md §7 "operator create"). role is admin,
 // operator or auditor; tenant "" makes a global account, otherwise the tenant must exist.
 // Errors: ErrInvalidRequest (bad username, role, short password, unknown tenant, taken
 // username), ErrStoreUnavailable.
@@ -423,11 +423,11 @@ type BootstrapResult struct {
 	APIKey        string // generated default-tenant API key, shown once
 }
 
-// DefaultTenant is the tenant of the bootstrap API key (SPEC.md §7).
+// DefaultTenant is the tenant of the bootstrap API key (docs/reference.md §7).
 const DefaultTenant = "default"
 
 // Bootstrap creates an "admin" operator if there is no operator yet and a "default"-tenant API
-// key if there is no API key yet (SPEC.md §7). adminPassword and apiKey are used when not empty,
+// key if there is no API key yet (docs/reference.md §7). adminPassword and apiKey are used when not empty,
 // otherwise secrets are generated and returned for printing once. Concurrent first starts of
 // several instances may each try; the unique username keeps one admin, and a second default
 // key is harmless. Errors: ErrInvalidRequest for a supplied secret that is too weak or malformed.

@@ -27,7 +27,7 @@ type TenantKeyView struct {
 
 // OperatorKeyPage is one page of the dashboard's key list, newest acquisition first.
 // NextCursor is "" on the last page. Now is the database time the holds were judged at, so
-// the dashboard computes TTLs against the same clock that decides expiry (SPEC.md §6), not
+// the dashboard computes TTLs against the same clock that decides expiry (docs/reference.md §6), not
 // against the web server's.
 type OperatorKeyPage struct {
 	Items      []TenantKeyView
@@ -37,7 +37,7 @@ type OperatorKeyPage struct {
 
 // ListKeysForOperator lists keys for a dashboard account, newest acquisition first with the
 // same keyset pagination and filters as ListKeys. tenantID nil (a global account) lists the
-// keys of every tenant; otherwise only that tenant's (SPEC.md §5). Errors: ErrInvalidRequest
+// keys of every tenant; otherwise only that tenant's (docs/reference.md §5). Errors: ErrInvalidRequest
 // (bad limit, state, operation or cursor), ErrStoreUnavailable.
 func (ds *Dashboard) ListKeysForOperator(ctx context.Context, tenantID *int64, f KeyFilter) (*OperatorKeyPage, error) {
 	page, ks, now, err := ds.listKeys(ctx, tenantID, f)

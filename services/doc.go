@@ -25,5 +25,5 @@
 // differs between PostgreSQL and SQLite sits behind the store seam (store.go, with
 // store_postgres.go and store_sqlite.go); nothing else asks which database it runs on.
 //
-// Every rule here comes from ../shared/SPEC.md; comments cite its sections.
+// Every rule here comes from docs/reference.md; comments cite its sections.
 package services

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Stable problem codes (SPEC.md §4, issue 2). web/ maps each to one HTTP status.
+// Stable problem codes (docs/reference.md §4, issue 2). web/ maps each to one HTTP status.
 const (
 	CodeInvalidRequest      = "invalid_request"
 	CodeUnauthorized        = "unauthorized"

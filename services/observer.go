@@ -15,18 +15,18 @@ import (
 //
 // Only decisions are reported: a call refused before one was taken (invalid input, an
 // auditor's action, the database unavailable, an unexpected error) is not, so each counter
-// means what SPEC.md §3–4 means by it. Such failures are visible in the HTTP layer's metrics by
+// means what docs/reference.md §3–4 means by it. Such failures are visible in the HTTP layer's metrics by
 // status.
 type Observer interface {
-	// AcquireDecided reports one acquire that was logged as an attempt (SPEC.md §2): result is
+	// AcquireDecided reports one acquire that was logged as an attempt (docs/reference.md §2): result is
 	// admitted (including an attempt_id retry answered 201 again), duplicate or conflict.
 	// tenant is the tenant's name ("" when the caller's Principal has none).
 	AcquireDecided(ctx context.Context, tenant, result string)
-	// ReleaseDecided reports one owner-checked release (SPEC.md §4, §5): source is SourceAPI
+	// ReleaseDecided reports one owner-checked release (docs/reference.md §4, §5): source is SourceAPI
 	// or SourceOperator; result is ResultReleased or the code of the refusal (not_owner,
 	// effect_confirmed, outcome_uncertain, key_not_held, invalid_transition, not_found).
 	ReleaseDecided(ctx context.Context, source, result string)
-	// OutcomeDecided reports one outcome recorded or refused (SPEC.md §3–4): source is
+	// OutcomeDecided reports one outcome recorded or refused (docs/reference.md §3–4): source is
 	// SourceAPI or SourceOperator; status is the outcome asked for (succeeded, failed,
 	// uncertain; "invalid" when a refusal came before the status was checked and it was none
 	// of these); result is ResultRecorded, ResultUnchanged (the same outcome again) or the

@@ -304,7 +304,7 @@ func TestOperatorReleaseExpiredHold(t *testing.T) {
 	})
 }
 
-// TestOperatorReleaseStaleRace is SPEC.md §5's race: the operator saw operation A with fencing
+// TestOperatorReleaseStaleRace is docs/reference.md §5's race: the operator saw operation A with fencing
 // token 1; A's hold expires and attempt B acquires the key; the operator's release of A must
 // name B and leave B's hold intact.
 func TestOperatorReleaseStaleRace(t *testing.T) {
@@ -348,7 +348,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 	})
 }
 
-// SPEC.md §3: recording the same outcome again succeeds and changes nothing, also from the
+// docs/reference.md §3: recording the same outcome again succeeds and changes nothing, also from the
 // dashboard (a form submitted twice); a different one is refused.
 func TestReconcileOutcomeRepeatIsNoOp(t *testing.T) {
 	t.Parallel()

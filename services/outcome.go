@@ -12,7 +12,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// OutcomeInput records an operation's outcome (SPEC.md §4 "POST /v1/operations/{id}/outcome").
+// OutcomeInput records an operation's outcome (docs/reference.md §4 "POST /v1/operations/{id}/outcome").
 // Status is succeeded, failed or uncertain. Response is any JSON value of at most 64 KiB,
 // stored for replay to duplicates. Release (only with failed) releases the hold in the same
 // transaction, if this operation still holds the key; after another attempt took the key over
@@ -26,7 +26,7 @@ type OutcomeInput struct {
 	Release    bool
 }
 
-// validate checks the fields after the owner token has been checked (SPEC.md §4: a wrong token
+// validate checks the fields after the owner token has been checked (docs/reference.md §4: a wrong token
 // is 403 whatever else is wrong) and returns the compacted response.
 func (in *OutcomeInput) validate() (json.RawMessage, error) {
 	var fe []FieldError
@@ -68,7 +68,7 @@ func (in *OutcomeInput) validate() (json.RawMessage, error) {
 }
 
 // RecordOutcome records the outcome of operation id in p's tenant, checked by owner token, per
-// the state machine of SPEC.md §3. It works after the hold expired. Recording the same outcome
+// the state machine of docs/reference.md §3. It works after the hold expired. Recording the same outcome
 // again (equal status, receipt and response) succeeds and changes nothing. Errors: ErrNotFound
 // (unknown id or another tenant's), ErrNotOwner (checked first), ErrInvalidRequest,
 // ErrPayloadTooLarge (response over 64 KiB; nothing changes), ErrInvalidTransition,
@@ -124,7 +124,7 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 	return out, nil
 }
 
-// applyOutcome moves op by the state machine of SPEC.md §3 and writes the outcome and an event.
+// applyOutcome moves op by the state machine of docs/reference.md §3 and writes the outcome and an event.
 // It returns ErrInvalidTransition for a refused move and does nothing for a repeat of the same
 // outcome; changed reports whether it wrote anything.
 func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *string, resp json.RawMessage,

@@ -51,7 +51,7 @@ func TestOutcomeRecordsAndStoresResponse(t *testing.T) {
 	})
 }
 
-// SPEC.md §4: the outcome works after the hold expired (evidence outlives the TTL).
+// docs/reference.md §4: the outcome works after the hold expired (evidence outlives the TTL).
 func TestOutcomeAfterHoldExpired(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
@@ -81,7 +81,7 @@ func TestOutcomeAfterHoldExpired(t *testing.T) {
 	})
 }
 
-// SPEC.md §4: the owner token is checked first; a wrong token is not_owner whatever else is wrong.
+// docs/reference.md §4: the owner token is checked first; a wrong token is not_owner whatever else is wrong.
 func TestOutcomeOwnerCheckedFirst(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
@@ -147,7 +147,7 @@ func TestOutcomeValidation(t *testing.T) {
 	})
 }
 
-// SPEC.md §4: a response over 64 KiB is payload_too_large and nothing changes, so the operation
+// docs/reference.md §4: a response over 64 KiB is payload_too_large and nothing changes, so the operation
 // is never left looking complete without its stored response.
 func TestOutcomeResponseTooLarge(t *testing.T) {
 	t.Parallel()

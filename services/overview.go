@@ -9,7 +9,7 @@ import (
 )
 
 // OverviewStates lists the operation states in lifecycle order, the order the Overview shows
-// them in (SPEC.md §3).
+// them in (docs/reference.md §3).
 var OverviewStates = []string{
 	StateInProgress, StateUncertain, StateSucceeded, StateFailed, StateReleased,
 }
@@ -32,7 +32,7 @@ type HourBucket struct {
 	Conflicts  int64
 }
 
-// Overview is the dashboard's summary (SPEC.md §5 "Overview"). Counts has one entry per state
+// Overview is the dashboard's summary (docs/reference.md §5 "Overview"). Counts has one entry per state
 // in OverviewStates order, zeros included. NeedsReconciliation is the number of operations
 // in state uncertain. Hours has exactly 24 buckets, oldest first, the last one holding Now.
 // Now is the database time the figures were read at.
@@ -45,7 +45,7 @@ type Overview struct {
 
 // Overview returns the operation counts and the last 24 hours of attempts of one tenant, or
 // of every tenant when tenantID is nil (a global dashboard account). Hours are judged by the
-// database clock (SPEC.md §6). Errors: ErrStoreUnavailable.
+// database clock (docs/reference.md §6). Errors: ErrStoreUnavailable.
 func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, error) {
 	tx := ds.db.WithContext(ctx)
 	now, err := ds.db.Now(ctx, tx)
@@ -130,7 +130,7 @@ type TenantCount struct {
 }
 
 // NeedsReconciliationByTenant returns, for every tenant, the number of its operations in state
-// uncertain (SPEC.md §3 "needs reconciliation"), zeros included, ordered by tenant name. It is
+// uncertain (docs/reference.md §3 "needs reconciliation"), zeros included, ordered by tenant name. It is
 // for metrics: one statement whose cost grows with the number of uncertain operations and of
 // tenants, not of all operations (it reads the partial index operations_uncertain). Errors:
 // ErrStoreUnavailable.

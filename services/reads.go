@@ -15,7 +15,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// MaxListLimit bounds limit on list reads (SPEC.md §4); DefaultListLimit applies when none is
+// MaxListLimit bounds limit on list reads (docs/reference.md §4); DefaultListLimit applies when none is
 // given.
 const (
 	MaxListLimit     = 500
@@ -63,7 +63,7 @@ func loadOperation(tx *gorm.DB, tenantID int64, id string, now time.Time) (*Oper
 }
 
 // GetOperation returns operation id of p's tenant with its attempts and events, oldest first
-// (SPEC.md §4). Errors: ErrNotFound (also for a malformed id or another tenant's operation, so
+// (docs/reference.md §4). Errors: ErrNotFound (also for a malformed id or another tenant's operation, so
 // existence does not leak), ErrStoreUnavailable.
 func (rd *Reads) GetOperation(ctx context.Context, tenantID int64, id string) (*OperationDetail, error) {
 	return rd.operation(ctx, tenantID, id)
@@ -109,7 +109,7 @@ func attemptFromModel(m *models.Attempt) Attempt {
 		AttemptedAt: m.AttemptedAt.UTC()}
 }
 
-// GetKey returns key of p's tenant with its hold and newest operation (SPEC.md §4). Errors:
+// GetKey returns key of p's tenant with its hold and newest operation (docs/reference.md §4). Errors:
 // ErrNotFound if the key was never acquired in this tenant, ErrStoreUnavailable.
 func (rd *Reads) GetKey(ctx context.Context, tenantID int64, key string) (*KeyView, error) {
 	if ValidateKey(key) != "" {
@@ -153,7 +153,7 @@ type KeyPage struct {
 	NextCursor string
 }
 
-// ListKeys lists p's tenant's keys newest acquisition first with keyset pagination (SPEC.md
+// ListKeys lists p's tenant's keys newest acquisition first with keyset pagination (docs/reference.md
 // §4). Errors: ErrInvalidRequest (bad limit, state or cursor), ErrStoreUnavailable.
 func (rd *Reads) ListKeys(ctx context.Context, tenantID int64, f KeyFilter) (*KeyPage, error) {
 	page, _, _, err := rd.listKeys(ctx, &tenantID, f)
@@ -300,7 +300,7 @@ type AttemptPage struct {
 	NextCursor string
 }
 
-// ListAttempts returns p's tenant's attempt log, newest first (SPEC.md §4). Errors:
+// ListAttempts returns p's tenant's attempt log, newest first (docs/reference.md §4). Errors:
 // ErrInvalidRequest, ErrStoreUnavailable.
 func (rd *Reads) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilter) (*AttemptPage, error) {
 	var fe []FieldError

@@ -9,14 +9,14 @@ import (
 	"gorm.io/gorm"
 )
 
-// DefaultRetention is how long evidence is kept after an operation ends (SPEC.md §6).
+// DefaultRetention is how long evidence is kept after an operation ends (docs/reference.md §6).
 const DefaultRetention = 90 * 24 * time.Hour
 
 // reapBatch bounds the rows one reaper statement touches, so a large backlog never holds locks
 // or a transaction for long.
 const reapBatch = 500
 
-// Reaper expires holds and purges old evidence (SPEC.md §3, §6). Several reapers (one per
+// Reaper expires holds and purges old evidence (docs/reference.md §3, §6). Several reapers (one per
 // server process) may run at once: every change is a compare-and-set, so they never undo each
 // other's or an acquire's work.
 type Reaper struct {

@@ -108,7 +108,7 @@ func TestReaperExpiresHolds(t *testing.T) {
 	})
 }
 
-// SPEC.md §1.3 and §6: the reaper clears a hold only by compare on its operation, so a key
+// docs/reference.md §1.3 and §6: the reaper clears a hold only by compare on its operation, so a key
 // re-acquired between the reaper's scan and its update keeps the new hold; and an outcome
 // recorded in between keeps its state (the hold, still that operation's and expired, is cleared).
 func TestReaperCompareOnOwner(t *testing.T) {
@@ -161,7 +161,7 @@ func TestReaperCompareOnOwner(t *testing.T) {
 	})
 }
 
-// SPEC.md §6: evidence is purged retention after the operation ended; uncertain, unfinished and
+// docs/reference.md §6: evidence is purged retention after the operation ended; uncertain, unfinished and
 // still-held operations are kept.
 func TestReaperRetention(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {

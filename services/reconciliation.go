@@ -43,7 +43,7 @@ type HolderInfo struct {
 }
 
 // HeldByAnotherError refuses an operator release because another operation holds the key now:
-// the operator saw an older generation (SPEC.md §5 "Owner-checked release"). Nothing was
+// the operator saw an older generation (docs/reference.md §5 "Owner-checked release"). Nothing was
 // changed. errors.Is(err, ErrNotOwner) is true and errors.As finds an *Error with code
 // not_owner, so it maps to 409 like any not_owner refusal; Holder names the hold to show.
 type HeldByAnotherError struct {
@@ -81,7 +81,7 @@ type Generation struct {
 	AcquiredAt   time.Time
 }
 
-// OperatorOperation is an operation as the dashboard's detail page shows it (SPEC.md §5): the
+// OperatorOperation is an operation as the dashboard's detail page shows it (docs/reference.md §5): the
 // operation with its attempts and events (OperationDetail), the tenant it belongs to, the key's
 // current holder, and the key's generations.
 type OperatorOperation struct {
@@ -110,7 +110,7 @@ type OperatorOperation struct {
 	MayRelease       bool
 }
 
-// ReconcileInput is an operator's confirmed outcome (SPEC.md §5 "Record confirmed outcome").
+// ReconcileInput is an operator's confirmed outcome (docs/reference.md §5 "Record confirmed outcome").
 // Status is succeeded or failed; Receipt is optional (at most 512 characters); Note is
 // mandatory (1 to 1000 characters) and says how the operator knows.
 type ReconcileInput struct {
@@ -142,7 +142,7 @@ func (in *ReconcileInput) validate() error {
 	return nil
 }
 
-// OperatorReleaseInput is an operator's owner-checked release (SPEC.md §5): OperationID and
+// OperatorReleaseInput is an operator's owner-checked release (docs/reference.md §5): OperationID and
 // FencingToken are what the operator saw on the page; Reason is mandatory (1 to 500
 // characters).
 type OperatorReleaseInput struct {
@@ -177,7 +177,7 @@ func requiredText(s string, max int) string {
 	return validateText(s, max, false)
 }
 
-// canAct reports whether acct may record outcomes and release keys (SPEC.md §5): admins and
+// canAct reports whether acct may record outcomes and release keys (docs/reference.md §5): admins and
 // operators; auditors are read-only.
 func canAct(acct *OperatorAccount) error {
 	if MayAct(acct) {
@@ -235,7 +235,7 @@ func normaliseID(id string) (string, error) {
 	return u.String(), nil // the stored spelling: PostgreSQL would match others, SQLite would not
 }
 
-// OperationForOperator returns operation id for the dashboard's detail page (SPEC.md §5): the
+// OperationForOperator returns operation id for the dashboard's detail page (docs/reference.md §5): the
 // operation with attempts and events, its tenant's name, the key's current holder and the key's
 // generations. Global accounts (acct.TenantID nil) see every tenant. Errors: ErrNotFound (a
 // malformed id, an unknown one, or another tenant's for a restricted account),
@@ -318,7 +318,7 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 	return h, nil
 }
 
-// ReconcileOutcome records an operator's confirmed outcome of operation id (SPEC.md §3 and §5):
+// ReconcileOutcome records an operator's confirmed outcome of operation id (docs/reference.md §3 and §5):
 // in_progress or uncertain becomes succeeded or failed, recorded as the operator's username,
 // with an event in the same transaction. The hold is left alone: a succeeded operation keeps
 // answering duplicates until its TTL, and releasing a failed one is a separate, owner-checked
@@ -356,7 +356,7 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 		}
 		if !reconcilable(op.State) {
 			if op.OutcomeStatus != nil && *op.OutcomeStatus == in.Status && sameOptional(op.OutcomeReceipt, in.Receipt) {
-				// SPEC.md §3: the same outcome again succeeds and changes nothing (a form
+				// docs/reference.md §3: the same outcome again succeeds and changes nothing (a form
 				// submitted twice, two operators agreeing).
 				out, err = loadOperation(tx, op.TenantID, id, now)
 				return err
@@ -378,7 +378,7 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 	return out, nil
 }
 
-// OperatorRelease releases operation id's hold on its key for an operator (SPEC.md §5
+// OperatorRelease releases operation id's hold on its key for an operator (docs/reference.md §5
 // "Owner-checked release"), only if that operation still holds the key with the fencing token
 // the operator saw, and its state is in_progress or failed. The hold is cleared by compare on
 // the operation id (releaseHold), the operation becomes released, and an event names the

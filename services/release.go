@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// ReleaseInput is an owner-checked release (SPEC.md §4 "POST /v1/release"). Reason is optional
+// ReleaseInput is an owner-checked release (docs/reference.md §4 "POST /v1/release"). Reason is optional
 // free text of at most 500 characters.
 type ReleaseInput struct {
 	Key        string
@@ -39,7 +39,7 @@ func (in *ReleaseInput) validate() error {
 }
 
 // Release deletes the key's hold by compare on the operation that holds it, only if
-// in.OwnerToken owns that hold and no effect is confirmed (SPEC.md §1.3, §4). The operation
+// in.OwnerToken owns that hold and no effect is confirmed (docs/reference.md §1.3, §4). The operation
 // becomes released. Errors: ErrInvalidRequest; ErrKeyNotHeld (no live hold, e.g. expired);
 // ErrNotOwner (the token does not own the current hold, including a hold re-acquired by another
 // attempt); ErrEffectConfirmed (succeeded); ErrOutcomeUncertain (uncertain); ErrStoreUnavailable.
@@ -88,7 +88,7 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 }
 
 // releaseHold moves h to released and clears the key's hold by compare on h.ID, so it can never
-// remove a hold that a newer attempt acquired (SPEC.md §6).
+// remove a hold that a newer attempt acquired (docs/reference.md §6).
 func releaseHold(tx *gorm.DB, h *models.Operation, now time.Time, reason *string, actor string) error {
 	if err := tx.Model(&models.IdemKey{}).
 		Where("tenant_id = ? AND key = ? AND holder_operation_id = ?", h.TenantID, h.Key, h.ID).

@@ -100,7 +100,7 @@ func TestReleaseRefusalsChangeNothing(t *testing.T) {
 	})
 }
 
-// SPEC.md §1.3: a late release after expiry, or after another attempt acquired the key, changes
+// docs/reference.md §1.3: a late release after expiry, or after another attempt acquired the key, changes
 // nothing.
 func TestLateRelease(t *testing.T) {
 	t.Parallel()
@@ -145,7 +145,7 @@ func TestLateRelease(t *testing.T) {
 	})
 }
 
-// SPEC.md §1.6: a tenant can never see, admit against, or release another tenant's keys.
+// docs/reference.md §1.6: a tenant can never see, admit against, or release another tenant's keys.
 func TestTenantIsolation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {

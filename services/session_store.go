@@ -16,7 +16,7 @@ import (
 const DefaultSessionStoreTimeout = 5 * time.Second
 
 // SessionStore keeps dashboard sessions in the sessions table, so they survive restarts and
-// are shared by every instance on one database (SPEC.md §5). Its method set is fiber's
+// are shared by every instance on one database (docs/reference.md §5). Its method set is fiber's
 // session storage (fiber.Storage): Get, Set, Delete, Reset and Close, over string keys and
 // opaque []byte values; the HTTP layer hands it to fiber's session middleware. Expired rows
 // are ignored on read and deleted by the reaper. Safe for concurrent use.

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The state machine of SPEC.md §3, driven through RecordOutcome and Release on both dialects.
+// The state machine of docs/reference.md §3, driven through RecordOutcome and Release on both dialects.
 
 // Values recorded while setting up a state; the attempted outcomes below always use others, so
 // they are never "the same outcome again".
@@ -193,7 +193,7 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 	})
 }
 
-// SPEC.md §3: recording the same outcome again (equal status, receipt and response, the
+// docs/reference.md §3: recording the same outcome again (equal status, receipt and response, the
 // response compared as JSON) succeeds and changes nothing; the note is not part of "same".
 func TestOutcomeSameAgainChangesNothing(t *testing.T) {
 	t.Parallel()
@@ -294,7 +294,7 @@ func TestFailedToReleased(t *testing.T) {
 	})
 }
 
-// SPEC.md §4: failed with release:true leaves the operation released with outcome failed and
+// docs/reference.md §4: failed with release:true leaves the operation released with outcome failed and
 // frees the key in the same transaction.
 func TestOutcomeFailedWithReleaseFreesKey(t *testing.T) {
 	t.Parallel()

@@ -16,7 +16,7 @@ type Principal struct {
 	Prefix     string
 }
 
-// Outcome is the confirmed (or explicitly uncertain) result of an operation (SPEC.md §4).
+// Outcome is the confirmed (or explicitly uncertain) result of an operation (docs/reference.md §4).
 // Response is the stored JSON response, replayed to duplicates; nil when none was recorded.
 type Outcome struct {
 	Status     string
@@ -27,7 +27,7 @@ type Outcome struct {
 	RecordedAt time.Time
 }
 
-// Operation is the operation object of SPEC.md §4. Held says whether the operation still holds
+// Operation is the operation object of docs/reference.md §4. Held says whether the operation still holds
 // its key (a live, unexpired hold). Outcome is nil until one is recorded. StateReason explains
 // a state the system chose, e.g. "ttl_expired_without_outcome".
 type Operation struct {
@@ -52,7 +52,7 @@ type Operation struct {
 
 // PreviousOperation summarises the key's previous operation when it did not end cleanly
 // (uncertain, or succeeded and now admitted again), so the new attempt can check the
-// destination first (SPEC.md §4).
+// destination first (docs/reference.md §4).
 type PreviousOperation struct {
 	ID             string
 	State          string
@@ -77,7 +77,7 @@ type Acquisition struct {
 	Operation         *Operation
 }
 
-// KeyView is a key and its newest operation (SPEC.md §4 "GET /v1/keys/{key}"). ExpiresAt is
+// KeyView is a key and its newest operation (docs/reference.md §4 "GET /v1/keys/{key}"). ExpiresAt is
 // nil when the key is not held. Operation is nil only if retention purged it.
 type KeyView struct {
 	Key        string
@@ -87,7 +87,7 @@ type KeyView struct {
 	Operation  *Operation
 }
 
-// Attempt is one logged acquire call (SPEC.md §2).
+// Attempt is one logged acquire call (docs/reference.md §2).
 type Attempt struct {
 	ID            int64
 	Key           string

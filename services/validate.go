@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 )
 
-// Limits from SPEC.md §2 and §4. Lengths are in bytes for keys and serialized JSON, and in
+// Limits from docs/reference.md §2 and §4. Lengths are in bytes for keys and serialized JSON, and in
 // characters (Unicode code points) for the other text fields.
 const (
 	MaxKeyBytes           = 255
@@ -26,7 +26,7 @@ const (
 	MaxBodyBytes          = 256 << 10
 )
 
-// ValidateKey checks an idempotency key against SPEC.md §2: 1–255 bytes of valid UTF-8, no
+// ValidateKey checks an idempotency key against docs/reference.md §2: 1–255 bytes of valid UTF-8, no
 // control characters, not all whitespace. It returns "" when the key is valid, else a message
 // for the caller. Keys are otherwise opaque: compared byte-exact, never normalised.
 func ValidateKey(key string) string {
@@ -119,7 +119,7 @@ func splitNumber(n string) (neg bool, intPart, frac string, exp int, ok bool) {
 
 // canonicalJSON returns v re-encoded with sorted member names and no insignificant space, so
 // that two encodings of the same value compare equal (used for "the same outcome again",
-// SPEC.md §4). Numbers are compared by value (1e2, 100 and 100.0 are equal), as jsonb stores
+// docs/reference.md §4). Numbers are compared by value (1e2, 100 and 100.0 are equal), as jsonb stores
 // them normalised: PostgreSQL hands back 100 for a stored 1e2.
 func canonicalJSON(raw []byte) string {
 	if raw == nil {

@@ -103,7 +103,7 @@ func metadataOfSize(n int) json.RawMessage {
 	return json.RawMessage(`{"a":"` + strings.Repeat("m", n-8) + `"}`)
 }
 
-// Every limit of SPEC.md §4 is enforced, and a refused acquire writes nothing (issue 2 point 5).
+// Every limit of docs/reference.md §4 is enforced, and a refused acquire writes nothing (issue 2 point 5).
 func TestAcquireValidation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
@@ -189,7 +189,7 @@ func TestAcquireValidation(t *testing.T) {
 	})
 }
 
-// Keys are opaque and byte-exact (SPEC.md §2): no case folding, no Unicode normalisation, and
+// Keys are opaque and byte-exact (docs/reference.md §2): no case folding, no Unicode normalisation, and
 // characters that matter in URLs round-trip.
 func TestKeysAreByteExact(t *testing.T) {
 	t.Parallel()
@@ -228,7 +228,7 @@ func TestKeysAreByteExact(t *testing.T) {
 	})
 }
 
-// canonicalJSON decides "the same response again" (SPEC.md §4): equal JSON values compare
+// canonicalJSON decides "the same response again" (docs/reference.md §4): equal JSON values compare
 // equal whatever their spelling, as PostgreSQL's jsonb hands them back normalised.
 func TestCanonicalJSON(t *testing.T) {
 	t.Parallel()

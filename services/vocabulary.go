@@ -3,7 +3,7 @@ package services
 // The vocabulary of operations, attempts and accounts. The values are stored in the database
 // and appear in the API, so they never change spelling.
 
-// Operation states (SPEC.md §3).
+// Operation states (docs/reference.md §3).
 const (
 	StateInProgress = "in_progress"
 	StateSucceeded  = "succeeded"
@@ -12,14 +12,14 @@ const (
 	StateReleased   = "released"
 )
 
-// Attempt results (SPEC.md §2 "attempt").
+// Attempt results (docs/reference.md §2 "attempt").
 const (
 	ResultAdmitted  = "admitted"
 	ResultDuplicate = "duplicate"
 	ResultConflict  = "conflict"
 )
 
-// Operator roles (SPEC.md §5).
+// Operator roles (docs/reference.md §5).
 const (
 	RoleAdmin    = "admin"
 	RoleOperator = "operator"

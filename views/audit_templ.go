@@ -9,7 +9,7 @@ package views
 import "github.com/a-h/templ"
 import templruntime "github.com/a-h/templ/runtime"
 
-// AuditProps is the Audit page (SPEC.md §5): duplicate and conflicting attempts and possible
+// AuditProps is the Audit page (docs/reference.md §5): duplicate and conflicting attempts and possible
 // duplicate effects in a time range, grouped by key, with the filter that produced them and the CSV export's link.
 type AuditProps struct {
 	Nav Nav

@@ -9,7 +9,7 @@ package views
 import "github.com/a-h/templ"
 import templruntime "github.com/a-h/templ/runtime"
 
-// OperationProps is the operation detail page (SPEC.md §5): every field of one operation, its
+// OperationProps is the operation detail page (docs/reference.md §5): every field of one operation, its
 // attempts, events and the key's generations, and — for accounts that may act — the forms to
 // record a confirmed outcome and to release the key. Every string is shown as text.
 type OperationProps struct {

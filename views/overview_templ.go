@@ -11,7 +11,7 @@ import templruntime "github.com/a-h/templ/runtime"
 
 import "strconv"
 
-// OverviewProps is the Overview page (SPEC.md §5): operation counts by state, the number
+// OverviewProps is the Overview page (docs/reference.md §5): operation counts by state, the number
 // needing reconciliation as the headline, and the last 24 hours of attempts as a chart.
 type OverviewProps struct {
 	Nav Nav

@@ -7,7 +7,7 @@ import (
 	"github.com/idemgate/idemgate/services"
 )
 
-// Request and response shapes of SPEC.md §4. They are the wire format; services' types never
+// Request and response shapes of docs/reference.md §4. They are the wire format; services' types never
 // reach JSON directly.
 
 type acquireRequest struct {

@@ -15,7 +15,7 @@ import (
 	"github.com/idemgate/idemgate/views"
 )
 
-// Dashboard session and CSRF settings (SPEC.md §5).
+// Dashboard session and CSRF settings (docs/reference.md §5).
 const (
 	// sessionIdle is how long a session lives without a request; every page view extends it.
 	sessionIdle = 12 * time.Hour

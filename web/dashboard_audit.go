@@ -62,7 +62,7 @@ const csvExportRetryAfter = "30"
 // csvFlushRows is how many rows are buffered before they are pushed to the client.
 const csvFlushRows = 256
 
-// auditCSVHeader is the export's first row (SPEC.md §5 "CSV export").
+// auditCSVHeader is the export's first row (docs/reference.md §5 "CSV export").
 // possible_duplicate_effect is last, so readers that index the older columns keep working.
 var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id",
 	"possible_duplicate_effect"}

@@ -13,7 +13,7 @@ import (
 )
 
 // problem is an RFC 9457 problem details object with idemgate's extension members: `code`
-// (stable, machine-readable; SPEC.md §4), `errors` (per-field validation messages) and
+// (stable, machine-readable; docs/reference.md §4), `errors` (per-field validation messages) and
 // `request_id` (the X-Request-ID of the request, to find it in the logs).
 type problem struct {
 	Type      string         `json:"type"`
@@ -30,7 +30,7 @@ type problemField struct {
 	Message string `json:"message"`
 }
 
-// statusByCode is the one table from domain error code to HTTP status (SPEC.md §4).
+// statusByCode is the one table from domain error code to HTTP status (docs/reference.md §4).
 var statusByCode = map[string]int{
 	services.CodeInvalidRequest:      http.StatusBadRequest,
 	services.CodeUnauthorized:        http.StatusUnauthorized,
@@ -47,7 +47,7 @@ var statusByCode = map[string]int{
 	services.CodeInternal:            http.StatusInternalServerError,
 }
 
-// outcomeRoute is the one route where not_owner is 403 rather than 409: SPEC.md §4 has a wrong
+// outcomeRoute is the one route where not_owner is 403 rather than 409: docs/reference.md §4 has a wrong
 // owner token on an outcome answered 403 "whatever else is wrong", while on release it is a
 // conflict with the current hold.
 const outcomeRoute = "/v1/operations/:id/outcome"

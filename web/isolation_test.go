@@ -51,7 +51,7 @@ func (f *dashFixture) isolationSnapshot(t *testing.T, victim, newName string, id
 // added without a row here) as tenant A on tenant B's objects: JSON endpoints with A's API key,
 // dashboard routes as an operator (and an admin) restricted to tenant A. Each B object answers
 // 404 as if it did not exist, no listing, count or export shows B's keys, and nothing of B's
-// changes (issue 4, SPEC.md §5).
+// changes (issue 4, docs/reference.md §5).
 func TestTenantIsolationMatrix(t *testing.T) {
 	t.Parallel()
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {

@@ -166,7 +166,7 @@ func methodLabel(m string) string {
 	return "OTHER"
 }
 
-// metricsGuard lets GET /metrics through when token is empty (SPEC.md §4: no auth), else only
+// metricsGuard lets GET /metrics through when token is empty (docs/reference.md §4: no auth), else only
 // with "Authorization: Bearer <token>"; anything else is 401 unauthorized. The comparison is
 // of SHA-256 digests in constant time, so timing tells nothing about the token.
 func metricsGuard(token string) fiber.Handler {
@@ -292,7 +292,7 @@ func newReconciliationCollector(query func(context.Context) ([]services.TenantCo
 	return &reconciliationCollector{
 		query: query, log: log, now: time.Now, maxAge: reconciliationMaxAge, timeout: reconciliationTimeout,
 		gauge: prometheus.NewDesc("idemgate_operations_needing_reconciliation",
-			"Operations in state uncertain (needing reconciliation, SPEC.md §3), by tenant name; counted by the "+
+			"Operations in state uncertain (needing reconciliation, docs/reference.md §3), by tenant name; counted by the "+
 				"database at most every 5 s.", []string{"tenant"}, nil),
 		errorsDesc: prometheus.NewDesc("idemgate_reconciliation_query_errors_total",
 			"Scrape-time counts of idemgate_operations_needing_reconciliation that failed (database unavailable "+

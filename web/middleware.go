@@ -25,7 +25,7 @@ const (
 	requestIDKey
 )
 
-// apiAuth authenticates the Bearer API key of SPEC.md §4 and stores the tenant's principal for
+// apiAuth authenticates the Bearer API key of docs/reference.md §4 and stores the tenant's principal for
 // principal(c). The key is checked first, so a valid key is never refused for the failures of
 // others at the same address (authFailureLimiter); failed authentications are counted per client
 // address, and once the address is over the limit its failures answer 429 instead of 401, keys

@@ -6,7 +6,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 )
 
-// openAPIDocument is the OpenAPI 3.1 contract of the JSON API (SPEC.md §4), hand-written in
+// openAPIDocument is the OpenAPI 3.1 contract of the JSON API (docs/reference.md §4), hand-written in
 // openapi.json. The tests validate every request and response of the API test suite against
 // it (openapi_test.go), so it cannot drift from the handlers.
 //

@@ -8,7 +8,7 @@ import (
 	"github.com/idemgate/idemgate/static"
 )
 
-// routes is the site map: every route of the service (SPEC.md §4 and §5), in the order Fiber
+// routes is the site map: every route of the service (docs/reference.md §4 and §5), in the order Fiber
 // matches them. Handlers live in the files named in the comments. The middleware New installs
 // with Use runs first for every request; everything else is attached per route, never with a
 // catch-all Use, so no dashboard middleware (sessions, CSRF) runs for the JSON API.

@@ -44,10 +44,10 @@ type Config struct {
 	// statistics are exported as idemgate_db_pool_*.
 	Pool *pgxpool.Pool
 	// MetricsToken, when not empty, is the bearer token GET /metrics requires: the metrics name
-	// tenants and their volumes, and SPEC.md §4 leaves the endpoint unauthenticated by default.
+	// tenants and their volumes, and docs/reference.md §4 leaves the endpoint unauthenticated by default.
 	MetricsToken string
 	// Sessions stores dashboard sessions; use services.NewSessionStore for the database-backed
-	// one, so any instance serves any operator and restarts log nobody out (SPEC.md §5).
+	// one, so any instance serves any operator and restarts log nobody out (docs/reference.md §5).
 	Sessions fiber.Storage
 	// SecureCookies marks session and CSRF cookies Secure; set it when served over TLS.
 	SecureCookies bool

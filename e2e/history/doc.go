@@ -1,6 +1,6 @@
 // Package history holds the history checker of issue 4 point 1: Jepsen-style concurrent
 // workloads against real idemgate processes, checked for linearizability with
-// github.com/anishathalye/porcupine against a model of SPEC.md §3–4.
+// github.com/anishathalye/porcupine against a model of docs/reference.md §3–4.
 //
 // The package has tests only. The same workload and model also run against an in-memory fake
 // of the API (fake_test.go): correct, where the history must check, and with a
@@ -35,7 +35,7 @@
 //     operation becomes released and the key free. not_owner / effect_confirmed /
 //     outcome_uncertain / key_not_held are each allowed only in the situation they name and
 //     change nothing; a release with a wrong owner token never succeeds.
-//   - outcome 200: the state the server reports is a transition SPEC.md §3 permits from the
+//   - outcome 200: the state the server reports is a transition docs/reference.md §3 permits from the
 //     operation's state (or the same outcome again); 403 only for a wrong owner token;
 //     409 invalid_transition never where the transition is always permitted.
 //   - GET /v1/keys/{key}: 404 only if never admitted; held=true only for the live current

@@ -149,7 +149,7 @@ func (s keyState) admit(id string, in callInput, exp int64) keyState {
 	return c
 }
 
-// outcomeTargets are the states a 200 outcome may leave the operation in (SPEC.md §3), and
+// outcomeTargets are the states a 200 outcome may leave the operation in (docs/reference.md §3), and
 // whether a refusal (409) is also possible.
 // heldByIt reports whether the operation may still hold the key (if not, a failed outcome with
 // release records failed and releases nothing).

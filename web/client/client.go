@@ -23,7 +23,7 @@ const DefaultTimeout = 30 * time.Second
 // events and a 64 KiB stored response is far smaller.
 const maxAnswerBytes = 16 << 20
 
-// Client calls idemgate's JSON API (SPEC.md §4). It is safe for concurrent use; create one per
+// Client calls idemgate's JSON API (docs/reference.md §4). It is safe for concurrent use; create one per
 // API key and share it.
 type Client struct {
 	base      string // scheme://host[:port][/path], no trailing slash
@@ -75,7 +75,7 @@ func WithUserAgent(ua string) Option {
 
 // New returns a client of the idemgate server at baseURL (e.g. "http://127.0.0.1:8080"; a
 // path prefix is kept, for a server behind a reverse proxy) that authenticates with apiKey,
-// the tenant's API key (SPEC.md §4: the key decides the tenant). It returns an error for a
+// the tenant's API key (docs/reference.md §4: the key decides the tenant). It returns an error for a
 // baseURL that is not an absolute http or https URL, or an empty apiKey.
 func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	u, err := url.Parse(baseURL)
@@ -103,7 +103,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Acquire asks whether this attempt may run the operation keyed req.Key (SPEC.md §4
+// Acquire asks whether this attempt may run the operation keyed req.Key (docs/reference.md §4
 // "POST /v1/acquire"). The result has Admitted set (201: run it, then RecordOutcome or
 // Release with the owner token) or Duplicate set (200: an earlier attempt holds the key;
 // return or reconcile its outcome instead of running again).
@@ -188,7 +188,7 @@ func acquireResultOf(path string, body acquireBody, status int, ans acquireAnswe
 		ErrUnexpectedAnswer, status, ans.Admitted, ans.Admission.State))
 }
 
-// AcquireBatch asks, in one request (SPEC.md §4 "POST /v1/acquire:batch"), what Acquire would
+// AcquireBatch asks, in one request (docs/reference.md §4 "POST /v1/acquire:batch"), what Acquire would
 // answer each of reqs (1 to MaxBatchItems), decided in order: two requests with the same key
 // are decided one after the other, the later one seeing the earlier (a duplicate of it, or
 // ErrFingerprintMismatch). It returns one BatchResult per request, in the same order, each
@@ -261,7 +261,7 @@ func (c *Client) AcquireBatch(ctx context.Context, reqs []AcquireRequest) ([]Bat
 	return out, nil
 }
 
-// Release releases the key's hold, owner-checked (SPEC.md §4 "POST /v1/release"): the
+// Release releases the key's hold, owner-checked (docs/reference.md §4 "POST /v1/release"): the
 // operation becomes released and the key may be admitted again. It returns the released
 // operation.
 //
@@ -273,7 +273,7 @@ func (c *Client) AcquireBatch(ctx context.Context, reqs []AcquireRequest) ([]Bat
 //
 // Retrying is safe: the release is a compare-and-delete on the owner's hold, so it cannot act
 // twice. But when a try's answer was lost after the server released, the server answers the
-// retry key_not_held (or not_owner once another attempt took the key), as SPEC.md §4 says. So
+// retry key_not_held (or not_owner once another attempt took the key), as docs/reference.md §4 says. So
 // when a retried release is refused that way and req.OperationID is set, Release reads that
 // operation: if it is released, the earlier try did it, and Release returns it with no error.
 // Without req.OperationID such a refusal is returned with Problem.Attempts > 1.
@@ -296,7 +296,7 @@ func (c *Client) Release(ctx context.Context, req ReleaseRequest) (*Operation, e
 }
 
 // RecordOutcome records the outcome of operation operationID, owner-checked, per the state
-// machine of SPEC.md §3 (SPEC.md §4 "POST /v1/operations/{id}/outcome"). It works after the
+// machine of docs/reference.md §3 (docs/reference.md §4 "POST /v1/operations/{id}/outcome"). It works after the
 // hold expired. Recording the same outcome again (equal status, receipt and response)
 // succeeds and changes nothing, so retries are safe. It returns the updated operation.
 //
@@ -328,7 +328,7 @@ func (c *Client) RecordOutcome(ctx context.Context, operationID string, req Outc
 	return &op, nil
 }
 
-// GetKey returns key and its newest operation (SPEC.md §4 "GET /v1/keys/{key}"); the key is
+// GetKey returns key and its newest operation (docs/reference.md §4 "GET /v1/keys/{key}"); the key is
 // percent-encoded, so "/", ":" and non-ASCII keys round-trip. Errors: ErrNotFound (never
 // acquired in this tenant), ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
 func (c *Client) GetKey(ctx context.Context, key string) (*KeyView, error) {
@@ -343,7 +343,7 @@ func (c *Client) GetKey(ctx context.Context, key string) (*KeyView, error) {
 	return &kv, nil
 }
 
-// GetOperation returns operation id with its attempts and events (SPEC.md §4
+// GetOperation returns operation id with its attempts and events (docs/reference.md §4
 // "GET /v1/operations/{id}"). Errors: ErrNotFound (unknown id or another tenant's),
 // ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
 func (c *Client) GetOperation(ctx context.Context, id string) (*OperationDetail, error) {
@@ -359,7 +359,7 @@ func (c *Client) GetOperation(ctx context.Context, id string) (*OperationDetail,
 }
 
 // ListKeys returns one page of the tenant's keys, newest first, with their newest operation
-// (SPEC.md §4 "GET /v1/keys"); pass KeyPage.NextCursor as opts.Cursor for the next page.
+// (docs/reference.md §4 "GET /v1/keys"); pass KeyPage.NextCursor as opts.Cursor for the next page.
 // Errors: ErrInvalidRequest (a bad limit, state or cursor), ErrUnauthorized, ErrRateLimited,
 // ErrStoreUnavailable.
 func (c *Client) ListKeys(ctx context.Context, opts ListKeysOptions) (*KeyPage, error) {
@@ -408,7 +408,7 @@ func (c *Client) ListOperations(ctx context.Context, opts ListOperationsOptions)
 	return &page, nil
 }
 
-// ListAttempts returns one page of the tenant's attempt log, newest first (SPEC.md §4
+// ListAttempts returns one page of the tenant's attempt log, newest first (docs/reference.md §4
 // "GET /v1/attempts"); pass AttemptPage.NextCursor as opts.Cursor for the next page. Errors:
 // ErrInvalidRequest, ErrUnauthorized, ErrRateLimited, ErrStoreUnavailable.
 func (c *Client) ListAttempts(ctx context.Context, opts ListAttemptsOptions) (*AttemptPage, error) {

@@ -111,7 +111,7 @@ func TestOutcomeReplayedToDuplicates(t *testing.T) {
 		require.ErrorIs(t, err, client.ErrNotOwner)
 		var p *client.Problem
 		require.ErrorAs(t, err, &p)
-		require.Equal(t, 403, p.Status, "a wrong owner token on an outcome is 403 (SPEC.md §4)")
+		require.Equal(t, 403, p.Status, "a wrong owner token on an outcome is 403 (docs/reference.md §4)")
 
 		_, err = c.RecordOutcome(ctx(t), uuid.NewString(), out)
 		require.ErrorIs(t, err, client.ErrNotFound)
@@ -134,7 +134,7 @@ func TestRelease(t *testing.T) {
 		require.NotNil(t, op.ReleasedAt)
 		require.False(t, op.Held)
 
-		// Releasing again (no retry involved): the hold is gone, as SPEC.md §4 answers.
+		// Releasing again (no retry involved): the hold is gone, as docs/reference.md §4 answers.
 		_, err = c.Release(ctx(t), client.ReleaseRequest{Key: key, OwnerToken: first.OwnerToken, OperationID: first.OperationID})
 		require.ErrorIs(t, err, client.ErrKeyNotHeld)
 
@@ -198,7 +198,7 @@ func TestRelease(t *testing.T) {
 func TestReads(t *testing.T) {
 	eachDB(t, func(t *testing.T, srv *servertest.Server) {
 		c := newClient(t, srv)
-		// "/", ":", "%" and non-ASCII must round-trip through the path (SPEC.md §4).
+		// "/", ":", "%" and non-ASCII must round-trip through the path (docs/reference.md §4).
 		key := "order/55:21 ü %2F " + uuid.NewString()
 		res, err := c.Acquire(ctx(t), client.AcquireRequest{Key: key, TTL: time.Minute, Operation: "ship"})
 		require.NoError(t, err)

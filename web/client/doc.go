@@ -1,4 +1,4 @@
-// Package client is the Go client of idemgate's JSON API (SPEC.md §4): idempotency-key
+// Package client is the Go client of idemgate's JSON API (docs/reference.md §4): idempotency-key
 // admission for services. It depends only on the standard library, github.com/google/uuid and
 // github.com/cenkalti/backoff/v4 — never on the server's packages — so importing it pulls in
 // no database driver or ORM.

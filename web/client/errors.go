@@ -12,7 +12,7 @@ import (
 	"unicode/utf8"
 )
 
-// Stable problem codes of idemgate's JSON API (SPEC.md §4; the server's list is
+// Stable problem codes of idemgate's JSON API (docs/reference.md §4; the server's list is
 // services/errors.go, its HTTP statuses web/errors.go). A Problem carries one in Code; the
 // Err… sentinels below match them with errors.Is.
 const (
@@ -22,7 +22,7 @@ const (
 	CodeFingerprintMismatch = "fingerprint_mismatch" // 422: the key is held with another fingerprint or operation name
 	CodeEffectConfirmed     = "effect_confirmed"     // 409: release of a succeeded operation
 	CodeOutcomeUncertain    = "outcome_uncertain"    // 409: release of an uncertain operation (reconcile first)
-	CodeInvalidTransition   = "invalid_transition"   // 409: a state change SPEC.md §3 does not allow
+	CodeInvalidTransition   = "invalid_transition"   // 409: a state change docs/reference.md §3 does not allow
 	CodeKeyNotHeld          = "key_not_held"         // 404: release of a key with no live hold
 	CodeNotFound            = "not_found"            // 404: no such key or operation in this tenant
 	CodePayloadTooLarge     = "payload_too_large"    // 413: body over 256 KiB (2 MiB for AcquireBatch), or outcome response over 64 KiB

@@ -23,7 +23,7 @@ const (
 //
 // A call is retried only where that is safe, which for this client is every method:
 // Acquire always sends an attempt_id (so a retry after a lost 201 gets the same operation
-// back, SPEC.md §4), Release and RecordOutcome are owner-checked compare-and-set operations
+// back, docs/reference.md §4), Release and RecordOutcome are owner-checked compare-and-set operations
 // that cannot act twice, and reads change nothing. It is retried on a network error or a
 // per-try timeout, and on 429, 502, 503 and 504 answers; never on any other answer, which
 // is the server's decision. The wait before try n+1 is "full jitter": uniformly random in

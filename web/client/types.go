@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Operation states (SPEC.md §3).
+// Operation states (docs/reference.md §3).
 const (
 	StateInProgress = "in_progress" // admitted; no outcome yet
 	StateSucceeded  = "succeeded"   // effect confirmed; terminal
@@ -14,21 +14,21 @@ const (
 	StateReleased   = "released"    // the owner released the key; no effect; terminal
 )
 
-// Outcome statuses a caller may record (OutcomeRequest.Status; SPEC.md §4).
+// Outcome statuses a caller may record (OutcomeRequest.Status; docs/reference.md §4).
 const (
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
 	StatusUncertain = "uncertain"
 )
 
-// Attempt results (SPEC.md §2).
+// Attempt results (docs/reference.md §2).
 const (
 	ResultAdmitted  = "admitted"
 	ResultDuplicate = "duplicate"
 	ResultConflict  = "conflict"
 )
 
-// Limits of SPEC.md §2 and §4 that callers may want to check before sending. Lengths are in
+// Limits of docs/reference.md §2 and §4 that callers may want to check before sending. Lengths are in
 // bytes for keys and serialized JSON, in characters (Unicode code points) for the other text.
 const (
 	MaxKeyBytes           = 255       // key: 1–255 bytes of UTF-8, no control characters, not all white space
@@ -47,7 +47,7 @@ const (
 	MaxListLimit          = 500       // limit of ListKeys, ListOperations and ListAttempts
 )
 
-// AcquireRequest asks to admit one attempt of an operation (SPEC.md §4 "POST /v1/acquire").
+// AcquireRequest asks to admit one attempt of an operation (docs/reference.md §4 "POST /v1/acquire").
 // Empty strings and a nil Metadata are absent fields.
 type AcquireRequest struct {
 	// Key is the idempotency key, unique per tenant: 1–255 bytes of UTF-8, no control
@@ -69,7 +69,7 @@ type AcquireRequest struct {
 	// AttemptID identifies this acquire call across its retries (≤ 128 characters). Leave it
 	// empty and the client generates a random UUID; either way the same id is sent on every
 	// retry of the call, so a retry after a lost 201 answers 201 again for the same operation
-	// (SPEC.md §4 attempt_id) instead of a duplicate. Set it yourself to retry across calls or
+	// (docs/reference.md §4 attempt_id) instead of a duplicate. Set it yourself to retry across calls or
 	// processes. The server honours it only from the API key that acquired and only while the
 	// operation is in_progress; otherwise the retry is an ordinary duplicate (Duplicate set).
 	AttemptID string
@@ -136,7 +136,7 @@ type OutcomeRef struct {
 	Receipt string `json:"receipt,omitempty"`
 }
 
-// ReleaseRequest is an owner-checked release (SPEC.md §4 "POST /v1/release").
+// ReleaseRequest is an owner-checked release (docs/reference.md §4 "POST /v1/release").
 type ReleaseRequest struct {
 	// Key is the held key. Required.
 	Key string
@@ -146,12 +146,12 @@ type ReleaseRequest struct {
 	Reason string
 	// OperationID is Admission.OperationID. Optional, but set it: after a retry, the server
 	// answers a release whose first try already succeeded with key_not_held or not_owner
-	// (SPEC.md §4: a release is a compare-and-delete, and the hold is gone), and with the
+	// (docs/reference.md §4: a release is a compare-and-delete, and the hold is gone), and with the
 	// operation id the client checks the operation and reports that release as done.
 	OperationID string
 }
 
-// OutcomeRequest records an operation's outcome (SPEC.md §4
+// OutcomeRequest records an operation's outcome (docs/reference.md §4
 // "POST /v1/operations/{id}/outcome"). Empty strings and a nil Response are absent fields.
 type OutcomeRequest struct {
 	// OwnerToken is Admission.OwnerToken. Required; a wrong one is ErrNotOwner (403) whatever
@@ -172,7 +172,7 @@ type OutcomeRequest struct {
 	Release bool
 }
 
-// Operation is idemgate's operation object (SPEC.md §4): one admitted attempt and its
+// Operation is idemgate's operation object (docs/reference.md §4): one admitted attempt and its
 // durable evidence. Absent (JSON null) text fields are "".
 type Operation struct {
 	ID            string `json:"id"`
@@ -217,7 +217,7 @@ type OperationDetail struct {
 	Events   []Event   `json:"events"`
 }
 
-// Attempt is one logged acquire call (SPEC.md §2).
+// Attempt is one logged acquire call (docs/reference.md §2).
 type Attempt struct {
 	ID            int64     `json:"id"`
 	Key           string    `json:"key"`
@@ -239,7 +239,7 @@ type Event struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// KeyView is a key and its newest operation (SPEC.md §4 "GET /v1/keys/{key}").
+// KeyView is a key and its newest operation (docs/reference.md §4 "GET /v1/keys/{key}").
 type KeyView struct {
 	Key  string `json:"key"`
 	Held bool   `json:"held"`

@@ -1,5 +1,5 @@
 -- +goose Up
--- idemgate_acquire is the whole admission decision of SPEC.md §4 "POST /v1/acquire" in one
+-- idemgate_acquire is the whole admission decision of docs/reference.md §4 "POST /v1/acquire" in one
 -- round trip. It is a PL/pgSQL function rather than one data-modifying CTE because a CTE runs on
 -- a single snapshot: when two acquires race for a free key, the loser's INSERT … ON CONFLICT waits
 -- for the winner, but the loser's own SELECTs cannot see the winner's hold or operation, so it
@@ -102,7 +102,7 @@ BEGIN
       CONTINUE WHEN v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now;
 
       IF v_k.holder_operation_id IS NOT NULL THEN
-        -- SPEC.md §3: an expired in_progress hold becomes uncertain in the same transaction in
+        -- docs/reference.md §3: an expired in_progress hold becomes uncertain in the same transaction in
         -- which another attempt takes the key over.
         UPDATE operations o SET state = 'uncertain', state_reason = 'ttl_expired_without_outcome'
          WHERE o.id = v_k.holder_operation_id AND o.state = 'in_progress';

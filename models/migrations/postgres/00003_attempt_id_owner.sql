@@ -111,7 +111,7 @@ BEGIN
       CONTINUE WHEN v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now;
 
       IF v_k.holder_operation_id IS NOT NULL THEN
-        -- SPEC.md §3: an expired in_progress hold becomes uncertain in the same transaction in
+        -- docs/reference.md §3: an expired in_progress hold becomes uncertain in the same transaction in
         -- which another attempt takes the key over.
         UPDATE operations o SET state = 'uncertain', state_reason = 'ttl_expired_without_outcome'
          WHERE o.id = v_k.holder_operation_id AND o.state = 'in_progress';

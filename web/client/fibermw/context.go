@@ -43,7 +43,7 @@ func FromContext(c *fiber.Ctx) (info *Info, ok bool) {
 
 // NoEffect declares that the handler's request had no effect that must stay done — it was
 // refused before anything happened, or everything was rolled back — whatever status the
-// response has. The middleware then records the outcome failed with release (SPEC.md §3
+// response has. The middleware then records the outcome failed with release (docs/reference.md §3
 // in_progress → failed → released), so a retry with the same key runs the handler again.
 // Without it a 5xx response is recorded uncertain and the key stays blocked until an
 // operator reconciles it or the TTL ends. It does nothing on an unguarded request.

@@ -57,7 +57,7 @@
 //
 //   - One key runs the handler at most once within Config.TTL (default 24 h), across any
 //     number of service instances: admission is decided by idemgate in one transaction
-//     (SPEC.md §4), not by a lock in this process.
+//     (docs/reference.md §4), not by a lock in this process.
 //   - A retry while the first request runs gets 409 request_in_progress with Retry-After; a
 //     retry after it gets the stored status, allow-listed headers (Config.ReplayHeaders) and
 //     body byte for byte, with Idempotent-Replayed: true.

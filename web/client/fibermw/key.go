@@ -13,7 +13,7 @@ import (
 )
 
 // MaxKeyBytes is the longest Idempotency-Key value accepted, in bytes after unquoting: the
-// same 255 bytes as an idemgate key (SPEC.md §2), so a key valid for one is valid for the
+// same 255 bytes as an idemgate key (docs/reference.md §2), so a key valid for one is valid for the
 // other.
 const MaxKeyBytes = client.MaxKeyBytes
 
@@ -26,7 +26,7 @@ var ErrInvalidKey = errors.New("invalid Idempotency-Key")
 // Field String (RFC 8941 §3.3.3): `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, with `\"` and `\\`
 // as the only escapes and printable ASCII inside. Many clients (Stripe's among them) send the
 // bare value instead, so a value that does not start with a double quote is taken as it is,
-// byte for byte. Either way the key must then satisfy idemgate's key rules (SPEC.md §2): 1–255
+// byte for byte. Either way the key must then satisfy idemgate's key rules (docs/reference.md §2): 1–255
 // bytes of valid UTF-8, no control characters, not all white space. It is compared byte-exact:
 // no case folding, no Unicode normalisation; only the optional white space around a field
 // value (RFC 9110 §5.5) is removed. Errors wrap ErrInvalidKey and say what is wrong.
@@ -71,7 +71,7 @@ func parseSFString(v string) (string, error) {
 	return "", fmt.Errorf("%w: the closing quote is missing", ErrInvalidKey)
 }
 
-// validateKey applies idemgate's key rules (SPEC.md §2; services.ValidateKey on the server).
+// validateKey applies idemgate's key rules (docs/reference.md §2; services.ValidateKey on the server).
 func validateKey(key string) string {
 	switch {
 	case key == "":

@@ -11,7 +11,7 @@ import (
 )
 
 // storedResponse is the response the middleware records as an operation's outcome `response`
-// (SPEC.md §4; any JSON up to 64 KiB) and replays to duplicates. A JSON body is stored as
+// (docs/reference.md §4; any JSON up to 64 KiB) and replays to duplicates. A JSON body is stored as
 // JSON, so operators read it on the dashboard; any other body as base64. A response whose
 // record would pass 64 KiB is stored without its body (BodyOmitted, BodyBytes).
 type storedResponse struct {
