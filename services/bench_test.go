@@ -45,12 +45,20 @@ func BenchmarkAcquire(b *testing.B) {
 			}
 		}
 		b.Run(string(db.Dialect)+"/new", func(b *testing.B) { parallel(b, newKey(adm)) })
-		if db.Dialect == models.Postgres {
-			b.Run(string(db.Dialect)+"/new-grouped", func(b *testing.B) { parallel(b, newKey(adm.WithGroupAdmission(true))) })
-		}
+		b.Run(string(db.Dialect)+"/new-grouped", func(b *testing.B) { parallel(b, newKey(adm.WithGroupAdmission(true))) })
 		if _, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-hot", TTLSeconds: 3600}); err != nil {
 			b.Fatal(err)
 		}
+		hot := func(adm *Admission) func() error {
+			return func() error {
+				acq, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-hot", TTLSeconds: 3600})
+				if err == nil && acq.Admitted {
+					err = fmt.Errorf("want a duplicate, got %+v", acq)
+				}
+				return err
+			}
+		}
+		b.Run(string(db.Dialect)+"/hot-grouped", func(b *testing.B) { parallel(b, hot(adm.WithGroupAdmission(true))) })
 		b.Run(string(db.Dialect)+"/hot", func(b *testing.B) {
 			parallel(b, func() error {
 				acq, err := adm.Acquire(ctx, p, AcquireInput{Key: "bench-hot", TTLSeconds: 3600})
