@@ -165,6 +165,8 @@ func (g *grouper) drain() {
 // run decides batch and hands each acquire its answer.
 func (g *grouper) run(batch []*pendingAcquire) {
 	if len(batch) == 1 {
+		// A batch of one is a single acquire: counted as one, sent as one.
+		g.nSingles.Add(1)
 		p := batch[0]
 		p.d, p.err = g.single(p.ctx, p.args, true)
 		if g.isContended(p.err) {
