@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Env is the process environment the commands run in, injected so tests can run them in
@@ -87,12 +88,18 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 
 // open loads the configuration, opens the database and migrates it.
 func open(ctx context.Context, env Env) (Config, *slog.Logger, *models.DB, error) {
+	return openTraced(ctx, env, nil)
+}
+
+// openTraced is open with the database's statements traced to tp (nil: not traced; see
+// models.OpenOptions.TracerProvider).
+func openTraced(ctx context.Context, env Env, tp trace.TracerProvider) (Config, *slog.Logger, *models.DB, error) {
 	cfg, err := LoadConfig(env.Getenv)
 	if err != nil {
 		return cfg, nil, nil, fmt.Errorf("configuration: %w", err)
 	}
 	log := newLogger(cfg, env.Stderr)
-	db, err := connect(ctx, cfg, log)
+	db, err := connect(ctx, cfg, log, tp)
 	if err != nil {
 		return cfg, log, nil, err
 	}
@@ -110,9 +117,9 @@ const connectRetryDelay = time.Second
 // starting, or stalled: each attempt is bounded by cfg.StoreTimeout) until cfg.StartTimeout has
 // passed. A database that refuses us for another reason (a bad URL, wrong password, unknown
 // database) fails at once: retrying cannot fix it.
-func connect(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, error) {
+func connect(ctx context.Context, cfg Config, log *slog.Logger, tp trace.TracerProvider) (*models.DB, error) {
 	opts := models.OpenOptions{DatabaseURL: cfg.DatabaseURL, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
-		ConnectTimeout: cfg.StoreTimeout, StoreTimeout: cfg.StoreTimeout}
+		ConnectTimeout: cfg.StoreTimeout, StoreTimeout: cfg.StoreTimeout, TracerProvider: tp}
 	if cfg.DatabaseURL == "" {
 		log.Info("opening database", "dialect", models.SQLite, "path", cfg.SQLitePath)
 		return models.Open(ctx, opts)

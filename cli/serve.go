@@ -3,13 +3,27 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web"
+	"github.com/idemgate/idemgate/web/telemetry"
 )
+
+// traceFlushTimeout bounds the flush of queued spans at exit: a collector that is down must
+// not hold the process.
+const traceFlushTimeout = 5 * time.Second
+
+// flushTraces sends the spans still queued (the last requests') and stops the exporter.
+func flushTraces(tel *telemetry.Telemetry) {
+	ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+	defer cancel()
+	_ = tel.Shutdown(ctx)
+}
 
 // serve runs the HTTP server and the reaper until SIGINT/SIGTERM, then shuts down gracefully:
 // stop accepting, finish in-flight requests (bounded by IDEMGATE_SHUTDOWN_TIMEOUT), close the
@@ -17,7 +31,13 @@ import (
 func serve(ctx context.Context, env Env) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	cfg, log, db, err := open(ctx, env)
+	// Tracing first, so the database opens traced; spans still queued are flushed last.
+	tel, err := telemetry.Setup(ctx, env.Getenv, "")
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer flushTraces(tel)
+	cfg, log, db, err := openTraced(ctx, env, tel.TracerProvider)
 	if err != nil {
 		if log != nil {
 			log.Error("cannot start", "err", err)
@@ -25,6 +45,10 @@ func serve(ctx context.Context, env Env) error {
 		return err
 	}
 	defer db.Close()
+	if tel.Enabled() {
+		telemetry.LogErrors(log)
+		log.Info("exporting traces", "protocol", tel.Protocol, "trace_keys", tel.TraceKeys)
+	}
 	if cfg.PprofAddr != "" {
 		stopPprof, err := startPprof(cfg.PprofAddr, log)
 		if err != nil {
@@ -64,6 +88,7 @@ func serve(ctx context.Context, env Env) error {
 		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
+		TracerProvider: tel.TracerProvider, TraceKeys: tel.TraceKeys,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()

@@ -11,11 +11,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -47,6 +47,13 @@ type OpenOptions struct {
 	// context's deadline, SQLite's busy_timeout, and on PostgreSQL the server's own
 	// idle_in_transaction_session_timeout for the transaction (see DB.Tx).
 	StoreTimeout time.Duration
+	// TracerProvider, when not nil, gets a client span for every statement (and PostgreSQL
+	// pool acquire and connect): pgx's tracer (otelpgx) on PostgreSQL, so the statements that
+	// skip GORM are traced too, and a wrapped database/sql driver (otelsql) on SQLite. Spans
+	// carry the statement text, which holds no secrets since every value is a bound
+	// parameter, and never the parameters. nil (tracing off) opens the database exactly as
+	// without tracing: no wrapper, no tracer hook.
+	TracerProvider trace.TracerProvider
 }
 
 // DB is an open database with its dialect. Pool is the pgx pool under GORM on PostgreSQL (nil
@@ -90,7 +97,10 @@ func Open(ctx context.Context, opts OpenOptions) (*DB, error) {
 		g, err = gorm.Open(postgres.New(postgres.Config{Conn: stdlib.OpenDBFromPool(pool)}), cfg)
 	} else {
 		dialect = SQLite
-		g, err = gorm.Open(sqlite.Open(sqliteDSN(opts.SQLitePath, opts.StoreTimeout)), cfg)
+		var dialector gorm.Dialector
+		if dialector, err = openSQLite(opts); err == nil {
+			g, err = gorm.Open(dialector, cfg)
+		}
 	}
 	if err != nil {
 		if pool != nil {
@@ -151,6 +161,9 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 		if pooled {
 			pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 		}
+	}
+	if opts.TracerProvider != nil {
+		pc.ConnConfig.Tracer = pgxTracer(opts.TracerProvider)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -155,6 +155,7 @@ func handleAcquireBatch(adm *services.Admission) fiber.Handler {
 				results[i] = batchResult{Status: status, Body: body}
 			}
 		}
+		traceBatch(c, results)
 		return c.JSON(batchResponse{Results: results})
 	}
 }

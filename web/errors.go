@@ -117,6 +117,7 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	}
 	rid := requestID(c)
 	ctx := c.UserContext()
+	traceProblem(ctx, de.Code, status)
 	// Errors raised by the HTTP server itself (headers too large, a body over the limit) arrive
 	// before any middleware ran: no request id, no observe to log the request.
 	refusedEarly := rid == ""

@@ -145,7 +145,7 @@ func (s *Server) observe(c *fiber.Ctx) error {
 	elapsed := time.Since(start)
 	status := c.Response().StatusCode()
 	route := routeLabel(c, status)
-	s.metrics.requests.WithLabelValues(route, methodLabel(c.Method()), strconv.Itoa(status)).Observe(elapsed.Seconds())
+	observeLatency(c.UserContext(), s.metrics.requests.WithLabelValues(route, methodLabel(c.Method()), strconv.Itoa(status)), elapsed.Seconds())
 	s.logAccess(c.UserContext(), c, route, status, elapsed, true)
 	return nil
 }

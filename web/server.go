@@ -12,10 +12,12 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/gofiber/fiber/v2/middleware/session"
 	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/web/telemetry"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config is what the HTTP layer needs. All fields but Pool and SecureCookies are required.
@@ -66,6 +68,13 @@ type Config struct {
 	// made acquires wait for connections, so an export beyond the cap is answered 429 with
 	// Retry-After at once instead of queueing on the pool.
 	MaxConcurrentExports int
+	// TracerProvider, when not nil, gets a server span for every request (tracing.go:
+	// traceRequests) with the decision's attributes, and the access lines and latency
+	// exemplars carry its trace id. nil is tracing off: no middleware is installed at all.
+	TracerProvider trace.TracerProvider
+	// TraceKeys lets raw idempotency keys onto spans (IDEMGATE_TRACE_KEYS); without it only
+	// their digest is recorded (idemgate.key_hash).
+	TraceKeys bool
 }
 
 // exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
@@ -174,13 +183,19 @@ func New(cfg Config) *Server {
 	// has it; then observe, which turns errors into responses and so sees every final status;
 	// recover innermost, so a panic becomes an error that observe answers and logs.
 	s.app.Use(securityHeaders)
+	if cfg.TracerProvider != nil {
+		s.app.Use(traceRequests(cfg.TracerProvider, telemetry.Propagator(), cfg.TraceKeys))
+	}
 	s.app.Use(assignRequestID)
 	s.app.Use(s.observe)
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
 	s.app.Use(rejectAmbiguousLength)
 	s.app.Use(rejectUnstorableParams)
 	s.app.Use(s.storeDeadline)
-	s.routes(metricsGuard(cfg.MetricsToken), adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	s.routes(metricsGuard(cfg.MetricsToken), adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		// OpenMetrics when the scraper asks for it (Accept: application/openmetrics-text):
+		// only that format carries the latency histogram's trace-id exemplars.
+		EnableOpenMetrics: true})))
 	return s
 }
 
