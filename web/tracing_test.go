@@ -44,10 +44,14 @@ func tracedServer(t *testing.T, db *models.DB, traceKeys bool) (*Server, *tracet
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	lc := &logCapture{}
-	log := slog.New(logging.NewHandler(slog.NewJSONHandler(lc, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	cfg := testConfig(t, tracedDB(t, db, tp), log)
+	cfg := testConfig(t, tracedDB(t, db, tp), newJSONLogger(lc))
 	cfg.TracerProvider, cfg.TraceKeys = tp, traceKeys
 	return New(cfg), rec, lc
+}
+
+// newJSONLogger logs JSON at Debug through logging.NewHandler, as cli/ does, into lc.
+func newJSONLogger(lc *logCapture) *slog.Logger {
+	return slog.New(logging.NewHandler(slog.NewJSONHandler(lc, &slog.HandlerOptions{Level: slog.LevelDebug})))
 }
 
 // spanAttrs is a span's attributes by key.
