@@ -34,7 +34,7 @@ func newLoggingTestServer(t *testing.T, db *models.DB, log *slog.Logger) *Server
 }
 
 // testConfig is the Config of newTestServer, for tests that change a field of it.
-func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
+func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 	t.Helper()
 	sqlDB, err := db.SQL()
 	if err != nil {

@@ -30,7 +30,7 @@ type otlpReceiver struct {
 	srv  *httptest.Server
 }
 
-func newOTLPReceiver(t *testing.T) *otlpReceiver {
+func newOTLPReceiver(t testing.TB) *otlpReceiver {
 	t.Helper()
 	r := &otlpReceiver{}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
