@@ -16,8 +16,7 @@ import (
 // asked to): they are keys, owner-token digests and session ids. Metrics are not exported:
 // /metrics already has the pool's (idemgate_db_pool_*).
 func pgxTracer(tp trace.TracerProvider) *otelpgx.Tracer {
-	return otelpgx.NewTracer(otelpgx.WithTracerProvider(tp), otelpgx.WithMeterProvider(noop.NewMeterProvider()),
-		otelpgx.WithTrimSQLInSpanName())
+	return otelpgx.NewTracer(otelpgx.WithTracerProvider(tp), otelpgx.WithMeterProvider(noop.NewMeterProvider()))
 }
 
 // openSQLite is GORM's SQLite dialector for opts: the plain driver, or with

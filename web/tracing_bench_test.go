@@ -68,6 +68,7 @@ func benchAcquireHTTP(b *testing.B, db *models.DB, tp trace.TracerProvider) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	prefix := "bench-" + dashRandom() + "-"
 	var n atomic.Int64
+	b.ReportAllocs()
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
