@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web/logging"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -286,5 +289,59 @@ func TestTracingOffInstallsNothing(t *testing.T) {
 	for _, l := range got.lines {
 		require.NotContains(t, l, logging.TraceIDKey)
 		require.NotContains(t, l, logging.SpanIDKey)
+	}
+}
+
+// TestTracingConcurrentRequestsKeepTheirOwnSpans: 32 acquires at once over real HTTP, each
+// with its own traceparent and key: every server span continues its own request's trace and
+// carries that request's key hash and operation, never another's (Fiber reuses request
+// contexts, so a span leaking between requests would show here). On both dialects.
+func TestTracingConcurrentRequestsKeepTheirOwnSpans(t *testing.T) {
+	for _, db := range dbs.All() {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			s, rec, _ := tracedServer(t, db, false)
+			c := newTenantClient(t, s)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			go func() { _ = s.Serve(ln) }()
+			t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+			const n = 32
+			prefix := "conc-" + dashRandom() + "-"
+			opByTrace := make([]string, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := fmt.Sprintf(`{"key":"%s%d","ttl_seconds":60}`, prefix, i)
+					req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/acquire", strings.NewReader(body))
+					req.Header.Set("Content-Type", "application/json")
+					req.Header.Set("Authorization", "Bearer "+c.key)
+					req.Header.Set("traceparent", fmt.Sprintf("00-%032x-%016x-01", i+1, i+1))
+					resp, err := http.DefaultClient.Do(req)
+					if !assert.NoError(t, err) {
+						return
+					}
+					defer resp.Body.Close()
+					var m map[string]any
+					assert.NoError(t, json.NewDecoder(resp.Body).Decode(&m))
+					assert.Equal(t, http.StatusCreated, resp.StatusCode, m)
+					opByTrace[i], _ = m["operation_id"].(string)
+				}()
+			}
+			wg.Wait()
+			seen := 0
+			for _, sp := range serverSpans(rec) {
+				var i int
+				_, err := fmt.Sscanf(sp.SpanContext().TraceID().String(), "%032x", &i)
+				require.NoError(t, err)
+				require.True(t, i >= 1 && i <= n, sp.SpanContext().TraceID().String())
+				a := spanAttrs(sp)
+				require.Equal(t, keyHash(fmt.Sprintf("%s%d", prefix, i-1)), a[attrKeyHash].AsString(), "span of trace %d has another request's key", i)
+				require.Equal(t, opByTrace[i-1], a[attrOperationID].AsString())
+				seen++
+			}
+			require.Equal(t, n, seen)
+		})
 	}
 }
