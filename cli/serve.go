@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -17,6 +18,15 @@ import (
 // traceFlushTimeout bounds the flush of queued spans at exit: a collector that is down must
 // not hold the process.
 const traceFlushTimeout = 5 * time.Second
+
+// traceServiceVersion is service.version on spans: the main module's version as the Go build
+// recorded it ("" for a development build, which has none).
+func traceServiceVersion() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "(devel)" {
+		return info.Main.Version
+	}
+	return ""
+}
 
 // flushTraces sends the spans still queued (the last requests') and stops the exporter.
 func flushTraces(tel *telemetry.Telemetry) {
@@ -32,7 +42,7 @@ func serve(ctx context.Context, env Env) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// Tracing first, so the database opens traced; spans still queued are flushed last.
-	tel, err := telemetry.Setup(ctx, env.Getenv, "")
+	tel, err := telemetry.Setup(ctx, env.Getenv, traceServiceVersion())
 	if err != nil {
 		return fmt.Errorf("tracing: %w", err)
 	}
