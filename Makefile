@@ -68,7 +68,7 @@ generate:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-# Go benchmarks, then idemgate's acquire against the floor server (../shared/bench/compare.sh),
+# Go benchmarks, then idemgate's acquire against the floor server (.ci/bench/: compare.sh and floor.go),
 # both on a throwaway PostgreSQL database. Figures are ratios measured in the same run.
 bench:
 	.ci/postgres.sh
