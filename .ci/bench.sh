@@ -7,6 +7,7 @@
 # hot-key rates against PostgreSQL's. Env passed through to compare.sh: CONNS, SECONDS_EACH,
 # REPEATS.
 set -euo pipefail
+export PGOPTIONS=--client-min-messages=warning # no NOTICEs from DROP DATABASE IF EXISTS
 cd "$(dirname "$0")/.."
 compare=.ci/bench/compare.sh
 command -v wrk >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq wrk >/dev/null; } || { echo "bench.sh: install wrk" >&2; exit 2; }

@@ -17,14 +17,17 @@ root=$(cd "$here/../.." && pwd)
 conns=${CONNS:-16 64}; secs=${SECONDS_EACH:-10}; reps=${REPEATS:-3}
 command -v wrk >/dev/null || { echo "compare.sh: wrk is not installed (apt-get install wrk)" >&2; exit 2; }
 db=idemgate_floor
-psql() { command psql -h 127.0.0.1 -U postgres -q "$@"; }
+psql() { PGOPTIONS=--client-min-messages=warning command psql -h 127.0.0.1 -U postgres -q "$@"; }
 tmp=$(mktemp -d); floor=""
 trap '[ -n "$floor" ] && kill "$floor" 2>/dev/null; wait 2>/dev/null; psql -c "DROP DATABASE IF EXISTS '$db' WITH (FORCE)" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
 psql -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
 # The floor is built inside the module (its dependencies are idemgate's own, pinned in go.mod).
 (cd "$root" && go build -o "$tmp/floor" .ci/bench/floor.go)
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-"$tmp/floor" -addr "127.0.0.1:$port" -dsn "postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" -pool 16 >"$tmp/floor.log" 2>&1 &
+# Started through a copy: exec of a binary another process still has open for writing (a
+# child forked while go build wrote it, golang/go#22315) fails with "text file busy".
+cp "$tmp/floor" "$tmp/floor-server"
+"$tmp/floor-server" -addr "127.0.0.1:$port" -dsn "postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" -pool 16 >"$tmp/floor.log" 2>&1 &
 floor=$!
 for _ in $(seq 100); do curl -sf "127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 curl -sf "127.0.0.1:$port/healthz" >/dev/null || { echo "compare.sh: the floor server did not start" >&2; cat "$tmp/floor.log" >&2; exit 1; }
