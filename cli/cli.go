@@ -54,8 +54,11 @@ func newRoot(env Env) *cobra.Command {
 		SilenceUsage: true,
 		RunE:         func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) },
 	}
+	root.Long += "\n\n" + variablesHelp()
 	root.AddCommand(
 		&cobra.Command{Use: "serve", Short: "Serve the JSON API and dashboard (default)", Args: cobra.NoArgs,
+			Long: "Migrate the database, create the first admin account and API key if there are none, then serve\n" +
+				"the JSON API and the dashboard and run the reaper until SIGINT or SIGTERM.\n\n" + variablesHelp(),
 			RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) }},
 		&cobra.Command{Use: "migrate", Short: "Apply pending database migrations and exit", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return migrate(cmd.Context(), env) }},
