@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -90,20 +92,52 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 
 // open loads the configuration, opens the database and migrates it.
 func open(ctx context.Context, env Env) (Config, *slog.Logger, *models.DB, error) {
-	cfg, err := LoadConfig(env.Getenv)
-	if err != nil {
-		return cfg, nil, nil, fmt.Errorf("configuration: %w", err)
-	}
-	log := newLogger(cfg, env.Stderr)
-	db, err := connect(ctx, cfg, log)
+	cfg, log, err := configure(env)
 	if err != nil {
 		return cfg, log, nil, err
+	}
+	db, err := openDB(ctx, cfg, log)
+	return cfg, log, db, err
+}
+
+// configure loads and validates the configuration and makes the logger it asks for. The
+// logger is nil when the configuration is invalid.
+func configure(env Env) (Config, *slog.Logger, error) {
+	cfg, err := LoadConfig(env.Getenv)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, newLogger(cfg, env.Stderr), nil
+}
+
+// openDB opens the configured database and migrates it.
+func openDB(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, error) {
+	db, err := connect(ctx, cfg, log)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := models.Migrate(ctx, db, log); err != nil {
 		_ = db.Close()
-		return cfg, log, nil, err
+		return nil, err
 	}
-	return cfg, log, db, nil
+	return db, nil
+}
+
+// checkSQLiteDir says clearly that the SQLite file's directory is missing (or not a
+// directory): the driver itself reports only "unable to open database file: out of memory
+// (14)".
+func checkSQLiteDir(path string) error {
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("IDEMGATE_SQLITE_PATH=%s: directory %s does not exist; create it (mkdir -p %s) or choose another path", path, dir, dir)
+	case err != nil:
+		return fmt.Errorf("IDEMGATE_SQLITE_PATH=%s: %w", path, err)
+	case !st.IsDir():
+		return fmt.Errorf("IDEMGATE_SQLITE_PATH=%s: %s is not a directory", path, dir)
+	}
+	return nil
 }
 
 // connectRetryDelay is the pause between two attempts to reach the database at start-up.
@@ -118,6 +152,9 @@ func connect(ctx context.Context, cfg Config, log *slog.Logger) (*models.DB, err
 		ConnectTimeout: cfg.StoreTimeout, StoreTimeout: cfg.StoreTimeout}
 	if cfg.DatabaseURL == "" {
 		log.Info("opening database", "dialect", models.SQLite, "path", cfg.SQLitePath)
+		if err := checkSQLiteDir(cfg.SQLitePath); err != nil {
+			return nil, err
+		}
 		return models.Open(ctx, opts)
 	}
 	host, name := describePostgres(cfg.DatabaseURL)
