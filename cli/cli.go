@@ -1,5 +1,6 @@
 // Package cli is idemgate's command line (docs/reference.md §7), built with cobra: serve (the default),
-// migrate, apikey create/revoke, operator create, reap. It reads configuration from the
+// migrate, apikey create/revoke/list, operator create/list/delete/passwd, tenant list, reap,
+// version. It reads configuration from the
 // environment (config.go) and wires models, services and web together.
 package cli
 
@@ -68,6 +69,8 @@ func newRoot(env Env) *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error { return reap(cmd.Context(), env) }},
 		apikeyCmd(env),
 		operatorCmd(env),
+		tenantCmd(env),
+		versionCmd(env),
 	)
 	return root
 }
@@ -220,7 +223,7 @@ func reap(ctx context.Context, env Env) error {
 }
 
 func apikeyCmd(env Env) *cobra.Command {
-	cmd := &cobra.Command{Use: "apikey", Short: "Create or revoke API keys"}
+	cmd := &cobra.Command{Use: "apikey", Short: "Create, list or revoke API keys"}
 	var tenant, label string
 	create := &cobra.Command{
 		Use:   "create --tenant NAME [--label L]",
@@ -263,7 +266,7 @@ func apikeyCmd(env Env) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, revoke)
+	cmd.AddCommand(create, revoke, apikeyListCmd(env))
 	return cmd
 }
 
@@ -301,7 +304,7 @@ func operatorCmd(env Env) *cobra.Command {
 	create.Flags().StringVar(&tenant, "tenant", "", "restrict the account to this tenant (default: global)")
 	_ = create.MarkFlagRequired("username")
 	_ = create.MarkFlagRequired("role")
-	cmd.AddCommand(create)
+	cmd.AddCommand(append([]*cobra.Command{create}, operatorAdminCmds(env)...)...)
 	return cmd
 }
 

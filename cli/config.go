@@ -242,13 +242,6 @@ func loopbackAddr(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
 // parseDuration accepts "30d", Go durations, and bare seconds.
 func parseDuration(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)

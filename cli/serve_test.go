@@ -108,7 +108,7 @@ func TestServeRefusesABusyPortBeforeMigrating(t *testing.T) {
 func TestServeMissingSQLiteDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "no", "such")
 	vars := map[string]string{"IDEMGATE_SQLITE_PATH": filepath.Join(dir, "idemgate.db"), "IDEMGATE_ADDR": "127.0.0.1:0", "IDEMGATE_LOG_FORMAT": "json"}
-	for _, args := range [][]string{{"serve"}, {"migrate"}, {"apikey", "revoke", "idg_nothing"}} {
+	for _, args := range [][]string{{"serve"}, {"migrate"}, {"operator", "list"}, {"tenant", "list"}} {
 		_, _, err := run(t, vars, "", args...)
 		require.ErrorContains(t, err, "directory "+dir+" does not exist", "%v", args)
 		require.NotContains(t, err.Error(), "out of memory", "%v", args)
