@@ -12,16 +12,13 @@ PKGS := ./...
 run:
 	$(GO) run .
 
-# The whole test: start PostgreSQL if needed, static checks, then every test with the race
-# detector against real PostgreSQL and SQLite databases (models' tests also go through a
-# pgbouncer they start: .ci/pgbouncer.sh installs Debian's when missing), then the browser
-# tests (e2e).
-test: check
-	.ci/pgbouncer.sh
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
-	@$(MAKE) --no-print-directory e2e
-	@$(MAKE) --no-print-directory fuzz
-	@$(MAKE) --no-print-directory vuln
+# The whole test (.ci/test.sh, each phase under a header with the time taken so far): start
+# PostgreSQL if needed, static checks, then every test with the race detector against real
+# PostgreSQL and SQLite databases (models' tests also go through a pgbouncer they start:
+# .ci/pgbouncer.sh installs Debian's when missing), then the browser tests (e2e), the fuzz
+# targets and govulncheck.
+test:
+	.ci/test.sh
 
 # Every fuzz target for FUZZTIME (default 10s) each.
 fuzz:
@@ -52,15 +49,9 @@ e2e:
 	bash e2e/setup.sh
 	$(GO) test -tags e2e -count=1 -timeout 10m ./e2e/
 
+# gofmt, go vet, staticcheck and an up-to-date templ generate (the first phases of test).
 check:
-	.ci/postgres.sh
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
-	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
-	$(GO) tool staticcheck $(PKGS)
-	@$(MAKE) --no-print-directory generate
-	@if ! git diff --quiet -- '*_templ.go' || [ -n "$$(git ls-files --others --exclude-standard -- '*_templ.go')" ]; then \
-	  echo "templ generate changed files: commit the generated *_templ.go"; git status --short -- '*_templ.go'; exit 1; fi
+	.ci/test.sh check
 
 generate:
 	$(GO) tool templ generate -log-level error
@@ -68,7 +59,7 @@ generate:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-# Go benchmarks, then idemgate's acquire against the floor server (../shared/bench/compare.sh),
+# Go benchmarks, then idemgate's acquire against the floor server (.ci/bench/: compare.sh and floor.go),
 # both on a throwaway PostgreSQL database. Figures are ratios measured in the same run.
 bench:
 	.ci/postgres.sh

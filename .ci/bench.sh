@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # make bench, second half: start idemgate on a throwaway PostgreSQL database and run
-# ../shared/bench/compare.sh against it (the ratio to the floor server, in turns, same run) for
+# .ci/bench/compare.sh against it (the ratio to the floor server, in turns, same run) for
 # new keys, duplicates (DUP_EVERY=4: every key acquired four times) and a retry storm on one
 # key (HOT_KEYS=1), at 16 and 64 connections; then, against idemgate alone: batches of 100
 # against single acquires (keys/s), group admission on (default) against off, and SQLite's new-key and
 # hot-key rates against PostgreSQL's. Env passed through to compare.sh: CONNS, SECONDS_EACH,
 # REPEATS.
 set -euo pipefail
+export PGOPTIONS=--client-min-messages=warning # no NOTICEs from DROP DATABASE IF EXISTS
 cd "$(dirname "$0")/.."
-compare=${COMPARE:-../shared/bench/compare.sh}
-[ -x "$compare" ] || [ -f "$compare" ] || { echo "bench.sh: $compare not found" >&2; exit 2; }
+compare=.ci/bench/compare.sh
 command -v wrk >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq wrk >/dev/null; } || { echo "bench.sh: install wrk" >&2; exit 2; }
 db=idemgate_bench
 psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null

@@ -1,5 +1,6 @@
 // Package cli is idemgate's command line (docs/reference.md §7), built with cobra: serve (the default),
-// migrate, apikey create/revoke, operator create, reap. It reads configuration from the
+// migrate, apikey create/revoke/list, operator create/list/delete/passwd, tenant list, reap,
+// version. It reads configuration from the
 // environment (config.go) and wires models, services and web together.
 package cli
 
@@ -9,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -55,8 +58,11 @@ func newRoot(env Env) *cobra.Command {
 		SilenceUsage: true,
 		RunE:         func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) },
 	}
+	root.Long += "\n\n" + variablesHelp()
 	root.AddCommand(
 		&cobra.Command{Use: "serve", Short: "Serve the JSON API and dashboard (default)", Args: cobra.NoArgs,
+			Long: "Migrate the database, create the first admin account and API key if there are none, then serve\n" +
+				"the JSON API and the dashboard and run the reaper until SIGINT or SIGTERM.\n\n" + variablesHelp(),
 			RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) }},
 		&cobra.Command{Use: "migrate", Short: "Apply pending database migrations and exit", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return migrate(cmd.Context(), env) }},
@@ -64,6 +70,8 @@ func newRoot(env Env) *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error { return reap(cmd.Context(), env) }},
 		apikeyCmd(env),
 		operatorCmd(env),
+		tenantCmd(env),
+		versionCmd(env),
 	)
 	return root
 }
@@ -88,26 +96,53 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 
 // open loads the configuration, opens the database and migrates it.
 func open(ctx context.Context, env Env) (Config, *slog.Logger, *models.DB, error) {
-	return openTraced(ctx, env, nil)
-}
-
-// openTraced is open with the database's statements traced to tp (nil: not traced; see
-// models.OpenOptions.TracerProvider).
-func openTraced(ctx context.Context, env Env, tp trace.TracerProvider) (Config, *slog.Logger, *models.DB, error) {
-	cfg, err := LoadConfig(env.Getenv)
-	if err != nil {
-		return cfg, nil, nil, fmt.Errorf("configuration: %w", err)
-	}
-	log := newLogger(cfg, env.Stderr)
-	db, err := connect(ctx, cfg, log, tp)
+	cfg, log, err := configure(env)
 	if err != nil {
 		return cfg, log, nil, err
+	}
+	db, err := openDB(ctx, cfg, log, nil)
+	return cfg, log, db, err
+}
+
+// configure loads and validates the configuration and makes the logger it asks for. The
+// logger is nil when the configuration is invalid.
+func configure(env Env) (Config, *slog.Logger, error) {
+	cfg, err := LoadConfig(env.Getenv)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, newLogger(cfg, env.Stderr), nil
+}
+
+// openDB opens the configured database and migrates it; its statements are traced to tp (nil:
+// not traced; see models.OpenOptions.TracerProvider).
+func openDB(ctx context.Context, cfg Config, log *slog.Logger, tp trace.TracerProvider) (*models.DB, error) {
+	db, err := connect(ctx, cfg, log, tp)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := models.Migrate(ctx, db, log); err != nil {
 		_ = db.Close()
-		return cfg, log, nil, err
+		return nil, err
 	}
-	return cfg, log, db, nil
+	return db, nil
+}
+
+// checkSQLiteDir says clearly that the SQLite file's directory is missing (or not a
+// directory): the driver itself reports only "unable to open database file: out of memory
+// (14)".
+func checkSQLiteDir(path string) error {
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("IDEMGATE_SQLITE_PATH=%s: directory %s does not exist; create it (mkdir -p %s) or choose another path", path, dir, dir)
+	case err != nil:
+		return fmt.Errorf("IDEMGATE_SQLITE_PATH=%s: %w", path, err)
+	case !st.IsDir():
+		return fmt.Errorf("IDEMGATE_SQLITE_PATH=%s: %s is not a directory", path, dir)
+	}
+	return nil
 }
 
 // connectRetryDelay is the pause between two attempts to reach the database at start-up.
@@ -122,6 +157,9 @@ func connect(ctx context.Context, cfg Config, log *slog.Logger, tp trace.TracerP
 		ConnectTimeout: cfg.StoreTimeout, StoreTimeout: cfg.StoreTimeout, TracerProvider: tp}
 	if cfg.DatabaseURL == "" {
 		log.Info("opening database", "dialect", models.SQLite, "path", cfg.SQLitePath)
+		if err := checkSQLiteDir(cfg.SQLitePath); err != nil {
+			return nil, err
+		}
 		return models.Open(ctx, opts)
 	}
 	host, name := describePostgres(cfg.DatabaseURL)
@@ -187,7 +225,7 @@ func reap(ctx context.Context, env Env) error {
 }
 
 func apikeyCmd(env Env) *cobra.Command {
-	cmd := &cobra.Command{Use: "apikey", Short: "Create or revoke API keys"}
+	cmd := &cobra.Command{Use: "apikey", Short: "Create, list or revoke API keys"}
 	var tenant, label string
 	create := &cobra.Command{
 		Use:   "create --tenant NAME [--label L]",
@@ -230,7 +268,7 @@ func apikeyCmd(env Env) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, revoke)
+	cmd.AddCommand(create, revoke, apikeyListCmd(env))
 	return cmd
 }
 
@@ -268,7 +306,7 @@ func operatorCmd(env Env) *cobra.Command {
 	create.Flags().StringVar(&tenant, "tenant", "", "restrict the account to this tenant (default: global)")
 	_ = create.MarkFlagRequired("username")
 	_ = create.MarkFlagRequired("role")
-	cmd.AddCommand(create)
+	cmd.AddCommand(append([]*cobra.Command{create}, operatorAdminCmds(env)...)...)
 	return cmd
 }
 

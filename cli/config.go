@@ -44,12 +44,88 @@ type Config struct {
 // every caller for the whole stall.
 const DefaultStoreTimeout = 5 * time.Second
 
+// Variable is one environment variable of serve's configuration, a row of Variables.
+type Variable struct {
+	Name string
+	// Default is the value used when the variable is unset or empty; LoadConfig parses it like
+	// a set value, so the default shown and the default applied are one string. "" for a
+	// variable without a default value (see Shown).
+	Default string
+	// Shown, when set, is what help and README show as the default of a variable whose
+	// default is not a value ("generated", "none", "text on a terminal, else json").
+	Shown string
+	// Meaning is a one-line summary for `serve --help`; README.md's Configuration table
+	// explains more.
+	Meaning string
+}
+
+// ShownDefault is v's default as help and README.md's Configuration table show it.
+func (v Variable) ShownDefault() string {
+	if v.Shown != "" {
+		return v.Shown
+	}
+	return v.Default
+}
+
+// Variables is THE table of serve's configuration: LoadConfig reads only these variables and
+// takes their defaults from here, `serve --help` prints it, and a test compares it with
+// README.md's Configuration table, so the three cannot drift apart.
+var Variables = []Variable{
+	{Name: "IDEMGATE_ADDR", Default: "127.0.0.1:8080", Meaning: "listen address (host:port)"},
+	{Name: "DATABASE_URL", Shown: "none", Meaning: "PostgreSQL URL, direct or through PgBouncer; unset: SQLite"},
+	{Name: "IDEMGATE_SQLITE_PATH", Default: "./idemgate.db", Meaning: "SQLite file (single process only); its directory must exist"},
+	{Name: "IDEMGATE_DB_MAX_CONNS", Default: "16", Meaning: "PostgreSQL pool size per process (1-1000)"},
+	{Name: "IDEMGATE_GROUP_ADMISSION", Default: "true", Meaning: "decide concurrent acquires together, one statement and commit"},
+	{Name: "IDEMGATE_MAX_TTL", Default: "30d", Meaning: "largest ttl_seconds accepted (at most 2147483647 s)"},
+	{Name: "IDEMGATE_RETENTION", Default: "90d", Meaning: "how long ended operations, attempts and events are kept"},
+	{Name: "IDEMGATE_REAP_INTERVAL", Default: "30s", Meaning: "time between reaper passes (at least 1s)"},
+	{Name: "IDEMGATE_ADMIN_PASSWORD", Shown: "generated", Meaning: "password of the first admin account; ignored once an account exists"},
+	{Name: "IDEMGATE_BOOTSTRAP_API_KEY", Shown: "generated", Meaning: "the first API key (tenant default), 24-128 of [A-Za-z0-9_-]"},
+	{Name: "IDEMGATE_SECURE_COOKIES", Default: "false", Meaning: "mark dashboard cookies Secure (behind TLS)"},
+	{Name: "IDEMGATE_LOG_FORMAT", Shown: "text on a terminal, else json", Meaning: "text or json"},
+	{Name: "IDEMGATE_LOG_LEVEL", Default: "info", Meaning: "debug, info, warn or error"},
+	{Name: "IDEMGATE_METRICS_TOKEN", Shown: "none", Meaning: "when set, GET /metrics needs Authorization: Bearer <token>"},
+	{Name: "IDEMGATE_PPROF_ADDR", Shown: "none", Meaning: "loopback host:port serving Go's profiler under /debug/pprof/"},
+	{Name: "IDEMGATE_SHUTDOWN_TIMEOUT", Default: "10s", Meaning: "how long SIGTERM waits for in-flight requests"},
+	{Name: "IDEMGATE_STORE_TIMEOUT", Default: "5s", Meaning: "deadline of each request's database work (100ms-10m)"},
+	{Name: "IDEMGATE_START_TIMEOUT", Default: "60s", Meaning: "how long start-up retries an unreachable database"},
+}
+
+// variablesHelp lists Variables for `serve --help`: name, default, meaning.
+func variablesHelp() string {
+	var b strings.Builder
+	b.WriteString("Environment (README.md \"Configuration\" explains each):\n")
+	for _, v := range Variables {
+		fmt.Fprintf(&b, "  %-27s (default %s)\n      %s\n", v.Name, v.ShownDefault(), v.Meaning)
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
+
+// variable returns the row of Variables called name; a name missing from the table is a
+// programming error, caught by every test that loads a configuration.
+func variable(name string) Variable {
+	for _, v := range Variables {
+		if v.Name == name {
+			return v
+		}
+	}
+	panic("cli: configuration variable " + name + " is not in Variables")
+}
+
 // LoadConfig reads Config through getenv and validates it; every problem is reported at once.
+// Only the variables of the Variables table are read, unset ones take its Default.
 func LoadConfig(getenv func(string) string) (Config, error) {
+	raw := getenv
+	getenv = func(name string) string {
+		if v := raw(name); v != "" {
+			return v
+		}
+		return variable(name).Default
+	}
 	c := Config{
-		Addr:            or(getenv("IDEMGATE_ADDR"), "127.0.0.1:8080"),
+		Addr:            getenv("IDEMGATE_ADDR"),
 		DatabaseURL:     getenv("DATABASE_URL"),
-		SQLitePath:      or(getenv("IDEMGATE_SQLITE_PATH"), "./idemgate.db"),
+		SQLitePath:      getenv("IDEMGATE_SQLITE_PATH"),
 		AdminPassword:   getenv("IDEMGATE_ADMIN_PASSWORD"),
 		BootstrapAPIKey: getenv("IDEMGATE_BOOTSTRAP_API_KEY"),
 		LogFormat:       getenv("IDEMGATE_LOG_FORMAT"),
@@ -57,23 +133,24 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		PprofAddr:       getenv("IDEMGATE_PPROF_ADDR"),
 	}
 	var errs []error
-	dur := func(name string, def time.Duration, dst *time.Duration) {
-		*dst = def
-		if v := getenv(name); v != "" {
-			d, err := parseDuration(v)
-			if err != nil || d <= 0 {
-				errs = append(errs, fmt.Errorf("%s=%q: want a positive duration such as 30s, 12h or 30d", name, v))
-				return
-			}
-			*dst = d
-		}
+	if _, port, err := net.SplitHostPort(c.Addr); err != nil || port == "" {
+		errs = append(errs, fmt.Errorf("IDEMGATE_ADDR=%q: want host:port such as 127.0.0.1:8080 (or :8080 for every interface)", c.Addr))
 	}
-	dur("IDEMGATE_MAX_TTL", services.DefaultMaxTTL, &c.MaxTTL)
-	dur("IDEMGATE_RETENTION", services.DefaultRetention, &c.Retention)
-	dur("IDEMGATE_REAP_INTERVAL", 30*time.Second, &c.ReapInterval)
-	dur("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second, &c.ShutdownTimeout)
-	dur("IDEMGATE_STORE_TIMEOUT", DefaultStoreTimeout, &c.StoreTimeout)
-	dur("IDEMGATE_START_TIMEOUT", 60*time.Second, &c.StartTimeout)
+	dur := func(name string, dst *time.Duration) {
+		v := getenv(name)
+		d, err := parseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a positive duration such as 30s, 12h or 30d", name, v))
+			return
+		}
+		*dst = d
+	}
+	dur("IDEMGATE_MAX_TTL", &c.MaxTTL)
+	dur("IDEMGATE_RETENTION", &c.Retention)
+	dur("IDEMGATE_REAP_INTERVAL", &c.ReapInterval)
+	dur("IDEMGATE_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
+	dur("IDEMGATE_STORE_TIMEOUT", &c.StoreTimeout)
+	dur("IDEMGATE_START_TIMEOUT", &c.StartTimeout)
 	// Below 100ms a healthy database on another host would be refused under ordinary load;
 	// above 10 minutes a stalled database holds callers as long as no deadline at all.
 	if c.StoreTimeout > 0 && (c.StoreTimeout < 100*time.Millisecond || c.StoreTimeout > 10*time.Minute) {
@@ -94,28 +171,22 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("IDEMGATE_MAX_TTL=%s is beyond the largest TTL the stores hold exactly: at most %d seconds (%s)",
 			c.MaxTTL, services.MaxTTLSeconds, services.MaxTTL))
 	}
-	c.GroupAdmission = true
-	if v := getenv("IDEMGATE_GROUP_ADMISSION"); v != "" {
+	boolean := func(name string, dst *bool) {
+		v := getenv(name)
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("IDEMGATE_GROUP_ADMISSION=%q: want true or false", v))
+			errs = append(errs, fmt.Errorf("%s=%q: want true or false", name, v))
 		}
-		c.GroupAdmission = b
+		*dst = b
 	}
-	c.DBMaxConns = 16
+	boolean("IDEMGATE_GROUP_ADMISSION", &c.GroupAdmission)
+	boolean("IDEMGATE_SECURE_COOKIES", &c.SecureCookies)
 	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
 			errs = append(errs, fmt.Errorf("IDEMGATE_DB_MAX_CONNS=%q: want an integer from 1 to 1000", v))
 		}
 		c.DBMaxConns = n
-	}
-	if v := getenv("IDEMGATE_SECURE_COOKIES"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("IDEMGATE_SECURE_COOKIES=%q: want true or false", v))
-		}
-		c.SecureCookies = b
 	}
 	switch c.LogFormat {
 	case "", "json", "text":
@@ -169,13 +240,6 @@ func loopbackAddr(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
 }
 
 // parseDuration accepts "30d", Go durations, and bare seconds.

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"net"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web"
+	"github.com/idemgate/idemgate/buildinfo"
 	"github.com/idemgate/idemgate/web/telemetry"
 )
 
@@ -20,12 +20,13 @@ import (
 const traceFlushTimeout = 5 * time.Second
 
 // traceServiceVersion is service.version on spans: the main module's version as the Go build
-// recorded it ("" for a development build, which has none).
+// recorded it, or the VCS revision of a development build ("" when neither was recorded).
 func traceServiceVersion() string {
-	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "(devel)" {
-		return info.Main.Version
+	info := buildinfo.Read()
+	if info.Version != "(devel)" {
+		return info.Version
 	}
-	return ""
+	return info.Revision
 }
 
 // flushTraces sends the spans still queued (the last requests') and stops the exporter.
@@ -38,6 +39,10 @@ func flushTraces(tel *telemetry.Telemetry) {
 // serve runs the HTTP server and the reaper until SIGINT/SIGTERM, then shuts down gracefully:
 // stop accepting, finish in-flight requests (bounded by IDEMGATE_SHUTDOWN_TIMEOUT), close the
 // pool.
+//
+// It binds IDEMGATE_ADDR before it touches the database: a mistyped address or a port another
+// process holds then stops serve before it migrates anything or prints one-time secrets that
+// nobody could use (the bootstrap secrets of a start that fails would be lost with it).
 func serve(ctx context.Context, env Env) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -47,11 +52,19 @@ func serve(ctx context.Context, env Env) error {
 		return fmt.Errorf("tracing: %w", err)
 	}
 	defer flushTraces(tel)
-	cfg, log, db, err := openTraced(ctx, env, tel.TracerProvider)
+	cfg, log, err := configure(env)
 	if err != nil {
-		if log != nil {
-			log.Error("cannot start", "err", err)
-		}
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
+		return fmt.Errorf("IDEMGATE_ADDR=%s: %w", cfg.Addr, err)
+	}
+	defer ln.Close() // after Serve took it, closing again is harmless
+	db, err := openDB(ctx, cfg, log, tel.TracerProvider)
+	if err != nil {
+		log.Error("cannot start", "err", err)
 		return err
 	}
 	defer db.Close()
@@ -81,6 +94,11 @@ func serve(ctx context.Context, env Env) error {
 		log.Warn("created dashboard account 'admin'; this password is shown only once", "username", "admin", "password", boot.AdminPassword)
 	} else if boot.AdminCreated {
 		log.Info("created dashboard account 'admin' with IDEMGATE_ADMIN_PASSWORD")
+	} else if cfg.AdminPassword != "" {
+		// Applying it on every start would silently undo a password changed since, and would let
+		// whoever edits the environment take over an account; so it only seeds the first one.
+		log.Warn("IDEMGATE_ADMIN_PASSWORD is ignored: dashboard accounts exist already, and it only sets the first admin's password. "+
+			"Change a password with: idemgate operator passwd USERNAME", "variable", "IDEMGATE_ADMIN_PASSWORD")
 	}
 	if boot.APIKey != "" {
 		log.Warn("created API key for tenant 'default'; this secret is shown only once", "api_key", boot.APIKey)
@@ -104,16 +122,11 @@ func serve(ctx context.Context, env Env) error {
 	defer stopReaper()
 	go services.NewReaper(db, log, cfg.Retention).WithObserver(srv.Observer()).Run(reaperCtx, cfg.ReapInterval)
 
-	// Bind before saying we listen, so a taken port is the only thing reported.
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
-		return err
-	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("idemgate listening", "addr", "http://"+cfg.Addr, "dialect", db.Dialect,
-		"dashboard", "http://"+cfg.Addr+"/login")
+	addr := ln.Addr().String() // the port the kernel chose, for IDEMGATE_ADDR=…:0
+	log.Info("listening on http://"+addr, "addr", "http://"+addr, "dialect", db.Dialect,
+		"dashboard", "http://"+addr+"/login")
 	select {
 	case err := <-errc:
 		log.Error("server stopped", "err", err)

@@ -83,6 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.reaperRows.WithLabelValues(a)
 	}
 	reg.MustRegister(m.acquires, m.releases, m.outcomes, m.reaperRuns, m.reaperRows, m.reaperLastSuccess, m.requests)
+	registerBuildInfo(reg)
 	return m
 }
 

@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/idemgate/idemgate/services"
+	"github.com/stretchr/testify/require"
+)
+
+// TestLoadConfigReadsOnlyTheTable: every variable LoadConfig reads is a row of Variables and
+// every row is read, so `serve --help` and README.md describe exactly what serve reads.
+func TestLoadConfigReadsOnlyTheTable(t *testing.T) {
+	read := map[string]bool{}
+	_, err := LoadConfig(func(name string) string { read[name] = true; return "" })
+	require.NoError(t, err)
+	var names []string
+	for _, v := range Variables {
+		names = append(names, v.Name)
+	}
+	var got []string
+	for n := range read {
+		got = append(got, n)
+	}
+	sort.Strings(names)
+	sort.Strings(got)
+	require.Equal(t, names, got)
+}
+
+// TestVariablesMatchREADME: README.md's Configuration table lists the same variables, in the
+// same order, with the same defaults as Variables.
+func TestVariablesMatchREADME(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	section := string(readme)
+	start := strings.Index(section, "\n## Configuration\n")
+	require.Positive(t, start, "README.md has a Configuration section")
+	section = section[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end > 0 {
+		section = section[:end+3]
+	}
+	row := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\| ([^|]+) \\|")
+	var readmeRows, tableRows []string
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		readmeRows = append(readmeRows, m[1]+" = "+strings.ReplaceAll(strings.TrimSpace(m[2]), "`", ""))
+	}
+	for _, v := range Variables {
+		tableRows = append(tableRows, v.Name+" = "+v.ShownDefault())
+	}
+	require.Equal(t, tableRows, readmeRows, "README.md's Configuration table and cli.Variables disagree")
+}
+
+// TestVariableDefaultsAreTheServicesDefaults: the table's defaults are the ones the services
+// document (a default changed in one place only would show one value and apply another).
+func TestVariableDefaultsAreTheServicesDefaults(t *testing.T) {
+	c, err := LoadConfig(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, services.DefaultMaxTTL, c.MaxTTL)
+	require.Equal(t, services.DefaultRetention, c.Retention)
+	require.Equal(t, DefaultStoreTimeout, c.StoreTimeout)
+	require.True(t, c.GroupAdmission)
+	require.False(t, c.SecureCookies)
+}
+
+// TestServeHelpListsEveryVariable: `serve --help` (and `idemgate --help`) print every variable
+// with its default.
+func TestServeHelpListsEveryVariable(t *testing.T) {
+	for _, args := range [][]string{{"serve", "--help"}, {"--help"}} {
+		out, _, err := run(t, nil, "", args...)
+		require.NoError(t, err)
+		for _, v := range Variables {
+			require.Regexp(t, regexp.MustCompile(`(?m)^  `+v.Name+` +`+regexp.QuoteMeta("(default "+v.ShownDefault()+")")), out, "%v: %s", args, v.Name)
+		}
+	}
+}
+
+// TestBadAddrIsRefusedAtConfiguration: an IDEMGATE_ADDR that is no host:port stops every
+// command before any database is opened.
+func TestBadAddrIsRefusedAtConfiguration(t *testing.T) {
+	for _, bad := range []string{"8080", "localhost", "http://127.0.0.1:8080"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_ADDR": bad}))
+		require.ErrorContains(t, err, "IDEMGATE_ADDR", bad)
+	}
+	for _, ok := range []string{":8080", "0.0.0.0:0", "[::1]:8080", "localhost:8080"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_ADDR": ok}))
+		require.NoError(t, err, ok)
+	}
+}
