@@ -1,5 +1,5 @@
 // Package cli is idemgate's command line (docs/reference.md §7), built with cobra: serve (the default),
-// migrate, apikey create/revoke, operator create, reap. It reads configuration from the
+// migrate, apikey create/revoke, operator create, webhook create/list/delete, reap. It reads configuration from the
 // environment (config.go) and wires models, services and web together.
 package cli
 
@@ -63,6 +63,7 @@ func newRoot(env Env) *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error { return reap(cmd.Context(), env) }},
 		apikeyCmd(env),
 		operatorCmd(env),
+		webhookCmd(env),
 	)
 	return root
 }

@@ -32,6 +32,16 @@ type Config struct {
 	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
 	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
 	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
+	// Webhooks is IDEMGATE_WEBHOOKS: run a webhook dispatcher in this process (docs/reference.md
+	// §10), default true. Events are written to the outbox either way; turn it off on instances
+	// that should not make outbound calls, as long as one instance delivers.
+	Webhooks bool
+	// WebhookPoll is IDEMGATE_WEBHOOK_POLL_INTERVAL, how often an idle dispatcher looks for due
+	// deliveries, default 1s, from 100ms to 1h.
+	WebhookPoll time.Duration
+	// WebhookTimeout is IDEMGATE_WEBHOOK_TIMEOUT, the limit of one delivery attempt, default
+	// 10s, from 1s to 60s. A claim's lease is three times it.
+	WebhookTimeout time.Duration
 	// PprofAddr is IDEMGATE_PPROF_ADDR: when set, a loopback address (127.0.0.1:6060,
 	// [::1]:6060, localhost:6060) where Go's profiler (net/http/pprof, /debug/pprof/) is served
 	// on a listener of its own, with block and mutex profiling sampled. Default none: off.
@@ -74,6 +84,22 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	dur("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second, &c.ShutdownTimeout)
 	dur("IDEMGATE_STORE_TIMEOUT", DefaultStoreTimeout, &c.StoreTimeout)
 	dur("IDEMGATE_START_TIMEOUT", 60*time.Second, &c.StartTimeout)
+	dur("IDEMGATE_WEBHOOK_POLL_INTERVAL", services.DefaultWebhookPoll, &c.WebhookPoll)
+	dur("IDEMGATE_WEBHOOK_TIMEOUT", services.DefaultWebhookTimeout, &c.WebhookTimeout)
+	if c.WebhookPoll > 0 && (c.WebhookPoll < 100*time.Millisecond || c.WebhookPoll > time.Hour) {
+		errs = append(errs, errors.New("IDEMGATE_WEBHOOK_POLL_INTERVAL must be from 100ms to 1h"))
+	}
+	if c.WebhookTimeout > 0 && (c.WebhookTimeout < time.Second || c.WebhookTimeout > time.Minute) {
+		errs = append(errs, errors.New("IDEMGATE_WEBHOOK_TIMEOUT must be from 1s to 60s"))
+	}
+	c.Webhooks = true
+	if v := getenv("IDEMGATE_WEBHOOKS"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("IDEMGATE_WEBHOOKS=%q: want true or false", v))
+		}
+		c.Webhooks = b
+	}
 	// Below 100ms a healthy database on another host would be refused under ordinary load;
 	// above 10 minutes a stalled database holds callers as long as no deadline at all.
 	if c.StoreTimeout > 0 && (c.StoreTimeout < 100*time.Millisecond || c.StoreTimeout > 10*time.Minute) {

@@ -68,6 +68,16 @@ func serve(ctx context.Context, env Env) error {
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()
 	go services.NewReaper(db, log, cfg.Retention).WithObserver(srv.Observer()).Run(reaperCtx, cfg.ReapInterval)
+	// The webhook dispatcher (docs/reference.md §10) stops with the reaper: an in-flight POST is
+	// cancelled and its claim lapses, so another instance (or this one after a restart)
+	// delivers it again with the same webhook-id.
+	dispatcherDone := make(chan struct{})
+	if cfg.Webhooks {
+		d := services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout})
+		go func() { defer close(dispatcherDone); d.Run(reaperCtx) }()
+	} else {
+		close(dispatcherDone)
+	}
 
 	// Bind before saying we listen, so a taken port is the only thing reported.
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -87,6 +97,7 @@ func serve(ctx context.Context, env Env) error {
 	}
 	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	stopReaper()
+	<-dispatcherDone
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
