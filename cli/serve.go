@@ -58,12 +58,19 @@ func serve(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
+	var dispatcher *services.Dispatcher
+	var webhookStats func() services.WebhookStats
+	if cfg.Webhooks {
+		dispatcher = services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout})
+		webhookStats = dispatcher.Stats
+	}
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
 		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
+		Webhooks: services.NewWebhooks(db, log), WebhookStats: webhookStats,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()
@@ -72,9 +79,8 @@ func serve(ctx context.Context, env Env) error {
 	// cancelled and its claim lapses, so another instance (or this one after a restart)
 	// delivers it again with the same webhook-id.
 	dispatcherDone := make(chan struct{})
-	if cfg.Webhooks {
-		d := services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout})
-		go func() { defer close(dispatcherDone); d.Run(reaperCtx) }()
+	if dispatcher != nil {
+		go func() { defer close(dispatcherDone); dispatcher.Run(reaperCtx) }()
 	} else {
 		close(dispatcherDone)
 	}

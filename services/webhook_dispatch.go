@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
@@ -77,6 +78,20 @@ type Dispatcher struct {
 	lease    time.Duration
 	instance string
 	backoff  []time.Duration
+
+	delivered, retried, failed atomic.Int64
+}
+
+// WebhookStats counts this process's delivery attempts by result since it started: delivered
+// (2xx), retried (failed, another attempt is scheduled) and failed (the last attempt failed:
+// given up). Exported as idemgate_webhook_attempts_total.
+type WebhookStats struct {
+	Delivered, Retried, Failed int64
+}
+
+// Stats returns the counts so far.
+func (d *Dispatcher) Stats() WebhookStats {
+	return WebhookStats{Delivered: d.delivered.Load(), Retried: d.retried.Load(), Failed: d.failed.Load()}
 }
 
 // NewDispatcher returns a dispatcher over db.
@@ -328,6 +343,17 @@ func (d *Dispatcher) record(ctx context.Context, ev *claimedEvent, token string,
 		}
 		if res.RowsAffected == 0 {
 			d.log.Warn("webhook delivery outlived its claim; the row was claimed again", "msg_id", ev.MsgID)
+			return nil
+		}
+		switch up["status"] {
+		case DeliveryDelivered:
+			d.delivered.Add(1)
+		case DeliveryFailed:
+			d.failed.Add(1)
+			d.log.Warn("webhook delivery failed for good", "msg_id", ev.MsgID, "endpoint_id", ev.EndpointID,
+				"attempts", attempts, "err", derr)
+		default:
+			d.retried.Add(1)
 		}
 		return nil
 	})
