@@ -435,3 +435,14 @@ func (w *Webhooks) Deliveries(ctx context.Context, acct *OperatorAccount, limit 
 	}
 	return out, nil
 }
+
+// TenantNames returns every tenant's name in order, for choosing an endpoint's tenant from a
+// list (a typed name could create nothing, but a list avoids the typo). Errors:
+// ErrStoreUnavailable.
+func (w *Webhooks) TenantNames(ctx context.Context) ([]string, error) {
+	var names []string
+	if err := w.db.WithContext(ctx).Model(&models.Tenant{}).Order("name").Limit(maxAdminRows).Pluck("name", &names).Error; err != nil {
+		return nil, storeError("list tenants", err)
+	}
+	return names, nil
+}
