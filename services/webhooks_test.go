@@ -481,3 +481,26 @@ func TestWebhookTwoDispatchersDeliverOnce(t *testing.T) {
 		require.Equal(t, []string{"1"}, claimedBy, "every event took exactly one attempt")
 	})
 }
+
+// TestWebhookEventsPurgedWithOperation: when retention purges an operation, its finished
+// deliveries go with it; a pending one is kept (still owed to its receiver).
+func TestWebhookEventsPurgedWithOperation(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ep := newEndpoint(t, b, "https://purge.example/", EventOperationUncertain+","+EventOperationReconciled)
+		a := mustAcquire(t, b, "wh-purge", 600)
+		mustRecord(t, b, a, OutcomeInput{Status: StateUncertain})
+		mustRecord(t, b, a, OutcomeInput{Status: StateFailed, Release: true})
+		evs := outbox(t, b, ep.Endpoint.ID)
+		require.Len(t, evs, 2)
+		require.NoError(t, b.db.Model(&models.WebhookEvent{}).Where("id = ?", evs[0].ID).Update("status", DeliveryDelivered).Error)
+		short := NewReaper(b.db, b.auth.log, time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
+		_, err := short.RunOnce(bg)
+		require.NoError(t, err)
+		_, err = b.reads.GetOperation(bg, b.p.TenantID, a.OperationID)
+		require.ErrorIs(t, err, ErrNotFound)
+		left := outbox(t, b, ep.Endpoint.ID)
+		require.Len(t, left, 1)
+		require.Equal(t, evs[1].MsgID, left[0].MsgID, "the pending delivery is kept")
+	})
+}

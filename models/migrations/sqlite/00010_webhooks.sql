@@ -91,9 +91,12 @@ END;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
--- Only later generations can have a previous operation: a new key's admission never runs it.
+-- Only later generations can have a previous operation, and only a tenant with a live endpoint
+-- can want the event: a new key's admission, and any admission of a tenant without webhooks,
+-- never runs the body (about 1 µs of CPU per later-generation admission otherwise).
 CREATE TRIGGER operations_webhook_admitted AFTER INSERT ON operations
-  FOR EACH ROW WHEN NEW.fencing_token > 1
+  FOR EACH ROW WHEN NEW.fencing_token > 1 AND EXISTS (SELECT 1 FROM webhook_endpoints w
+    WHERE w.tenant_id = NEW.tenant_id AND w.disabled_at IS NULL AND w.deleted_at IS NULL)
 BEGIN
   INSERT INTO webhook_events (msg_id, tenant_id, endpoint_id, event_type, operation_id, occurred_at,
                               op_key, op_name, op_state, op_state_reason, op_fencing_token,
