@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 )
 
 func TestValidateWebhookURL(t *testing.T) {
@@ -502,5 +504,51 @@ func TestWebhookEventsPurgedWithOperation(t *testing.T) {
 		left := outbox(t, b, ep.Endpoint.ID)
 		require.Len(t, left, 1)
 		require.Equal(t, evs[1].MsgID, left[0].MsgID, "the pending delivery is kept")
+	})
+}
+
+// TestWebhookOutboxIsTransactional: the event is written by the state change's own
+// transaction: visible inside it, gone when it rolls back.
+func TestWebhookOutboxIsTransactional(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ep := newEndpoint(t, b, "https://tx.example/", EventOperationUncertain)
+		a := mustAcquire(t, b, "wh-rollback", 600)
+		errRollback := errors.New("roll back")
+		err := b.db.Tx(bg, func(tx *gorm.DB) error {
+			require.NoError(t, tx.Model(&models.Operation{}).Where("id = ?", a.OperationID).Update("state", StateUncertain).Error)
+			var n int64
+			require.NoError(t, tx.Model(&models.WebhookEvent{}).Where("endpoint_id = ?", ep.Endpoint.ID).Count(&n).Error)
+			require.EqualValues(t, 1, n, "written in the same transaction")
+			return errRollback
+		})
+		require.ErrorIs(t, err, errRollback)
+		require.Empty(t, outbox(t, b, ep.Endpoint.ID), "no event without its state change")
+	})
+}
+
+// TestWebhookOutboxBatchAndGroupedPaths: the PL/pgSQL batch function and group admission
+// (PostgreSQL's acquire paths that run inside the database) write the same events: a takeover
+// of an expired in_progress hold is an uncertain event and a possible duplicate effect.
+func TestWebhookOutboxBatchAndGroupedPaths(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ep := newEndpoint(t, b, "https://batch.example/", EventOperationUncertain+","+EventPossibleDuplicateEffect)
+		for _, key := range []string{"wh-batch", "wh-group"} {
+			mustAcquire(t, b, key, 600)
+			expireHold(t, b, key)
+		}
+		items, err := b.adm.AcquireBatch(bg, b.p, []AcquireInput{{Key: "wh-batch", TTLSeconds: 60}, {Key: "wh-batch-new", TTLSeconds: 60}})
+		require.NoError(t, err)
+		require.Len(t, items, 2)
+		g, err := b.adm.WithGroupAdmission(true).Acquire(bg, b.p, AcquireInput{Key: "wh-group", TTLSeconds: 60})
+		require.NoError(t, err)
+		require.True(t, g.Admitted)
+		var types []string
+		for _, e := range outbox(t, b, ep.Endpoint.ID) {
+			types = append(types, e.OpKey+" "+e.EventType)
+		}
+		require.Equal(t, []string{
+			"wh-batch " + EventOperationUncertain, "wh-batch " + EventPossibleDuplicateEffect,
+			"wh-group " + EventOperationUncertain, "wh-group " + EventPossibleDuplicateEffect,
+		}, types)
 	})
 }
