@@ -138,6 +138,10 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	}
 }
 
+// liveEndpoint is the condition that outbox row e belongs to an endpoint neither disabled nor
+// deleted: only those are delivered.
+const liveEndpoint = "EXISTS (SELECT 1 FROM webhook_endpoints w WHERE w.id = e.endpoint_id AND w.disabled_at IS NULL AND w.deleted_at IS NULL)"
+
 // claimedEvent is a claimed outbox row with what delivering it needs.
 type claimedEvent struct {
 	models.WebhookEvent
@@ -177,8 +181,22 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 // instead of waiting or taking the same row; SQLite has one writer at a time, so its UPDATE
 // alone is atomic.
 func (d *Dispatcher) claim(ctx context.Context, token string) ([]claimedEvent, error) {
+	// An idle poll is one indexed read, not a write transaction: on SQLite a claim would take
+	// the single write lock every poll interval, with or without any webhook.
+	now, err := d.db.Now(ctx, d.db.WithContext(ctx))
+	if err != nil {
+		return nil, storeError("claim webhook deliveries", err)
+	}
+	var due []int64
+	if err := d.db.WithContext(ctx).Table("webhook_events AS e").Where("e.status = ? AND e.next_attempt_at <= ?", DeliveryPending, now).
+		Where(liveEndpoint).Limit(1).Pluck("e.id", &due).Error; err != nil {
+		return nil, storeError("claim webhook deliveries", err)
+	}
+	if len(due) == 0 {
+		return nil, nil
+	}
 	var out []claimedEvent
-	err := d.db.Tx(ctx, func(tx *gorm.DB) error {
+	err = d.db.Tx(ctx, func(tx *gorm.DB) error {
 		now, err := d.db.Now(ctx, tx)
 		if err != nil {
 			return err
@@ -192,8 +210,7 @@ func (d *Dispatcher) claim(ctx context.Context, token string) ([]claimedEvent, e
 		if err := tx.Raw(`UPDATE webhook_events SET next_attempt_at = ?, claimed_until = ?, claimed_by = ?
  WHERE id IN (SELECT e.id FROM webhook_events e
                WHERE e.status = 'pending' AND e.next_attempt_at <= ?
-                 AND EXISTS (SELECT 1 FROM webhook_endpoints w
-                              WHERE w.id = e.endpoint_id AND w.disabled_at IS NULL AND w.deleted_at IS NULL)
+                 AND `+liveEndpoint+`
                ORDER BY e.next_attempt_at LIMIT ?`+lock+`)
 RETURNING id`, until, until, token, now, webhookBatch).Scan(&ids).Error; err != nil {
 			return err
