@@ -56,7 +56,9 @@ func TestWebhookSurvivesKillMidDelivery(t *testing.T) {
 	}))
 	defer rc.Close()
 
-	dbEnv := []string{"DATABASE_URL=" + url, "IDEMGATE_WEBHOOK_POLL_INTERVAL=100ms", "IDEMGATE_WEBHOOK_TIMEOUT=2s"}
+	// A 4 s attempt limit (a 12 s lease): long enough that the kill, right after the request
+	// arrives, comes first even on a loaded machine; short enough to keep the test quick.
+	dbEnv := []string{"DATABASE_URL=" + url, "IDEMGATE_WEBHOOK_POLL_INTERVAL=100ms", "IDEMGATE_WEBHOOK_TIMEOUT=4s"}
 	s1 := startServer(t, dbEnv...)
 
 	cli := exec.Command(binary, "webhook", "create", "--tenant", "default", "--url", rc.URL+"/hook", "--events", "operation.uncertain")
