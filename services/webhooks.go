@@ -390,12 +390,19 @@ type WebhookDelivery struct {
 // maxDeliveryRows bounds the delivery log page.
 const maxDeliveryRows = 200
 
+// DeliveryStatuses are the delivery statuses, in lifecycle order.
+var DeliveryStatuses = []string{DeliveryPending, DeliveryDelivered, DeliveryFailed}
+
 // Deliveries returns the newest deliveries (at most limit, ≤ 200) that acct may see: every
-// tenant's for a global account, its own tenant's for a restricted one (docs/reference.md §5).
-// Errors: ErrStoreUnavailable.
-func (w *Webhooks) Deliveries(ctx context.Context, acct *OperatorAccount, limit int) ([]WebhookDelivery, error) {
+// tenant's for a global account, its own tenant's for a restricted one (docs/reference.md §5),
+// only those in status when it is not "". Errors: ErrInvalidRequest (field status: not one of
+// DeliveryStatuses), ErrStoreUnavailable.
+func (w *Webhooks) Deliveries(ctx context.Context, acct *OperatorAccount, status string, limit int) ([]WebhookDelivery, error) {
 	if acct == nil {
 		return nil, errNotAdmin
+	}
+	if status != "" && status != DeliveryPending && status != DeliveryDelivered && status != DeliveryFailed {
+		return nil, invalid(FieldError{Field: "status", Message: "must be pending, delivered or failed"})
 	}
 	if limit <= 0 || limit > maxDeliveryRows {
 		limit = maxDeliveryRows
@@ -411,6 +418,9 @@ func (w *Webhooks) Deliveries(ctx context.Context, acct *OperatorAccount, limit 
 		Joins("JOIN tenants t ON t.id = e.tenant_id")
 	if acct.TenantID != nil {
 		q = q.Where("e.tenant_id = ?", *acct.TenantID)
+	}
+	if status != "" {
+		q = q.Where("e.status = ?", status)
 	}
 	if err := q.Order("e.id DESC").Limit(limit).Scan(&rows).Error; err != nil {
 		return nil, storeError("list webhook deliveries", err)

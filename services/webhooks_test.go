@@ -362,14 +362,23 @@ func TestWebhookDelivery(t *testing.T) {
 		require.Nil(t, evs[0].ClaimedBy)
 		require.NotNil(t, evs[0].DeliveredAt)
 
-		dl, err := NewWebhooks(b.db, b.auth.log).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &b.p.TenantID}, 10)
+		dl, err := NewWebhooks(b.db, b.auth.log).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &b.p.TenantID}, "", 10)
 		require.NoError(t, err)
 		require.Len(t, dl, 1)
 		require.Equal(t, a.OperationID, dl[0].OperationID)
 		other := int64(-1)
-		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &other}, 10)
+		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &other}, "", 10)
 		require.NoError(t, err)
 		require.Empty(t, dl, "a restricted account sees only its tenant's deliveries")
+		mine := &OperatorAccount{Role: RoleAuditor, TenantID: &b.p.TenantID}
+		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, mine, DeliveryFailed, 10)
+		require.NoError(t, err)
+		require.Empty(t, dl, "filtered by status")
+		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, mine, DeliveryDelivered, 10)
+		require.NoError(t, err)
+		require.Len(t, dl, 1)
+		_, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, mine, "lost", 10)
+		require.True(t, isCode(err, CodeInvalidRequest))
 	})
 }
 

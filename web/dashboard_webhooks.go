@@ -1,6 +1,7 @@
 package web
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 
@@ -111,15 +112,20 @@ func handleWebhookDeliveriesPage(s *Server) fiber.Handler {
 		if acct == nil {
 			return redirectToLogin(c)
 		}
-		rows, err := s.webhooks.Deliveries(c.UserContext(), acct, 0)
-		if err != nil {
+		status := strings.TrimSpace(c.Query("status"))
+		rows, err := s.webhooks.Deliveries(c.UserContext(), acct, status, 0)
+		var de *services.Error
+		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
+			return s.renderErrorPage(c, fiber.StatusBadRequest, "Status must be pending, delivered or failed.")
+		} else if err != nil {
 			return err
 		}
 		nav, err := s.navFor(c, acct, "webhooks")
 		if err != nil {
 			return err
 		}
-		p := views.WebhookDeliveriesProps{Nav: nav, Rows: make([]views.WebhookDeliveryRow, 0, len(rows))}
+		p := views.WebhookDeliveriesProps{Nav: nav, Status: status, Statuses: services.DeliveryStatuses,
+			Rows: make([]views.WebhookDeliveryRow, 0, len(rows))}
 		for _, d := range rows {
 			r := views.WebhookDeliveryRow{MsgID: d.MsgID, EventType: d.EventType, OperationID: d.OperationID,
 				OperationURL: "/operations/" + d.OperationID, Tenant: d.Tenant, Endpoint: d.EndpointURL, Status: d.Status,

@@ -94,6 +94,10 @@ func TestDashboardWebhooks(t *testing.T) {
 		require.NotEmpty(t, opSelText(mine.Find(`[data-testid="delivery-next"]`)))
 		require.Equal(t, "/operations/"+a.OperationID, mine.Find(`[data-testid="delivery-operation"]`).AttrOr("href", ""))
 
+		require.NotContains(t, b.get("/webhooks?status=delivered").body, a.OperationID, "filtered by status")
+		require.Contains(t, b.get("/webhooks?status=pending").body, a.OperationID)
+		require.Equal(t, http.StatusBadRequest, b.get("/webhooks?status=lost").status)
+
 		// Restricted accounts: tenant A's sees it, tenant B's does not.
 		ra := newDashBrowser(t, f.s)
 		ra.mustLogin(f.restricted)

@@ -135,7 +135,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 		"POST /admin/webhooks/:id/enable":  {path: "/admin/webhooks/" + w.hook + "/enable", pathParams: []string{w.hook}},
 		"POST /admin/webhooks/:id/delete": {path: "/admin/webhooks/" + w.hook + "/delete", pathParams: []string{w.hook},
 			form: q("confirm", "yes")},
-		"GET /webhooks": {path: "/webhooks"},
+		"GET /webhooks": {path: "/webhooks", query: q("status", "pending")},
 	}
 }
 
