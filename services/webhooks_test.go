@@ -561,3 +561,42 @@ func TestWebhookOutboxBatchAndGroupedPaths(t *testing.T) {
 		}, types)
 	})
 }
+
+// TestWebhookDispatcherStopsMidDelivery: cancelling Run (shutdown) cuts off a hanging delivery
+// at once and records nothing: the row stays claimed until its lease lapses, then is due again.
+func TestWebhookDispatcherStopsMidDelivery(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		arrived := make(chan struct{}, 1)
+		rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body) // the server notices a closed connection only once the body is read
+			arrived <- struct{}{}
+			<-r.Context().Done()
+		}))
+		defer rc.Close()
+		ep := newEndpoint(t, b, rc.URL, EventOperationUncertain)
+		a := mustAcquire(t, b, "wh-stop", 600)
+		mustRecord(t, b, a, OutcomeInput{Status: StateUncertain})
+		ctx, cancel := context.WithCancel(bg)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			NewDispatcher(b.db, b.auth.log, DispatcherConfig{Poll: 10 * time.Millisecond, Timeout: 5 * time.Second}).Run(ctx)
+		}()
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery")
+		}
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Fatal("Run did not stop with its context")
+		}
+		evs := outbox(t, b, ep.Endpoint.ID)
+		require.Equal(t, DeliveryPending, evs[0].Status)
+		require.Zero(t, evs[0].Attempts, "nothing recorded for the cut-off attempt")
+		require.NotNil(t, evs[0].ClaimedBy)
+		require.True(t, evs[0].NextAttemptAt.After(time.Now().Add(10*time.Second)), "due again when the 15 s lease lapses")
+	})
+}
