@@ -1,6 +1,6 @@
 // Package cli is idemgate's command line (docs/reference.md §7), built with cobra: serve (the default),
-// migrate, apikey create/revoke/list, operator create/list/delete/passwd, tenant list, reap,
-// version. It reads configuration from the
+// migrate, apikey create/revoke/list, operator create/list/delete/passwd, tenant list,
+// webhook create/list/delete/disable/enable, reap, version. It reads configuration from the
 // environment (config.go) and wires models, services and web together.
 package cli
 
@@ -72,6 +72,7 @@ func newRoot(env Env) *cobra.Command {
 		operatorCmd(env),
 		tenantCmd(env),
 		versionCmd(env),
+		webhookCmd(env),
 	)
 	return root
 }

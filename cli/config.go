@@ -32,10 +32,23 @@ type Config struct {
 	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
 	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
 	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
+	// Webhooks is IDEMGATE_WEBHOOKS: run a webhook dispatcher in this process (docs/reference.md
+	// §10), default true. Events are written to the outbox either way; turn it off on instances
+	// that should not make outbound calls, as long as one instance delivers.
+	Webhooks bool
+	// WebhookPoll is IDEMGATE_WEBHOOK_POLL_INTERVAL, how often an idle dispatcher looks for due
+	// deliveries, default 1s, from 100ms to 1h.
+	WebhookPoll time.Duration
+	// WebhookTimeout is IDEMGATE_WEBHOOK_TIMEOUT, the limit of one delivery attempt, default
+	// 10s, from 1s to 60s. A claim's lease is three times it.
+	WebhookTimeout time.Duration
 	// PprofAddr is IDEMGATE_PPROF_ADDR: when set, a loopback address (127.0.0.1:6060,
 	// [::1]:6060, localhost:6060) where Go's profiler (net/http/pprof, /debug/pprof/) is served
 	// on a listener of its own, with block and mutex profiling sampled. Default none: off.
 	PprofAddr string
+	// TraceKeys is IDEMGATE_TRACE_KEYS: raw idempotency keys on trace spans (else only their
+	// hash), default false. Tracing itself is configured by the standard OTEL_* variables.
+	TraceKeys bool
 }
 
 // DefaultStoreTimeout is IDEMGATE_STORE_TIMEOUT's default: the longest a request waits on the
@@ -86,9 +99,13 @@ var Variables = []Variable{
 	{Name: "IDEMGATE_LOG_LEVEL", Default: "info", Meaning: "debug, info, warn or error"},
 	{Name: "IDEMGATE_METRICS_TOKEN", Shown: "none", Meaning: "when set, GET /metrics needs Authorization: Bearer <token>"},
 	{Name: "IDEMGATE_PPROF_ADDR", Shown: "none", Meaning: "loopback host:port serving Go's profiler under /debug/pprof/"},
+	{Name: "IDEMGATE_TRACE_KEYS", Default: "false", Meaning: "put raw idempotency keys on trace spans (else only their hash)"},
 	{Name: "IDEMGATE_SHUTDOWN_TIMEOUT", Default: "10s", Meaning: "how long SIGTERM waits for in-flight requests"},
 	{Name: "IDEMGATE_STORE_TIMEOUT", Default: "5s", Meaning: "deadline of each request's database work (100ms-10m)"},
 	{Name: "IDEMGATE_START_TIMEOUT", Default: "60s", Meaning: "how long start-up retries an unreachable database"},
+	{Name: "IDEMGATE_WEBHOOKS", Default: "true", Meaning: "run a webhook dispatcher in this instance"},
+	{Name: "IDEMGATE_WEBHOOK_POLL_INTERVAL", Default: "1s", Meaning: "how often an idle dispatcher looks for due deliveries (100ms-1h)"},
+	{Name: "IDEMGATE_WEBHOOK_TIMEOUT", Default: "10s", Meaning: "limit of one delivery attempt (1s-60s)"},
 }
 
 // variablesHelp lists Variables for `serve --help`: name, default, meaning.
@@ -151,6 +168,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	dur("IDEMGATE_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
 	dur("IDEMGATE_STORE_TIMEOUT", &c.StoreTimeout)
 	dur("IDEMGATE_START_TIMEOUT", &c.StartTimeout)
+	dur("IDEMGATE_WEBHOOK_POLL_INTERVAL", &c.WebhookPoll)
+	dur("IDEMGATE_WEBHOOK_TIMEOUT", &c.WebhookTimeout)
+	if c.WebhookPoll > 0 && (c.WebhookPoll < 100*time.Millisecond || c.WebhookPoll > time.Hour) {
+		errs = append(errs, errors.New("IDEMGATE_WEBHOOK_POLL_INTERVAL must be from 100ms to 1h"))
+	}
+	if c.WebhookTimeout > 0 && (c.WebhookTimeout < time.Second || c.WebhookTimeout > time.Minute) {
+		errs = append(errs, errors.New("IDEMGATE_WEBHOOK_TIMEOUT must be from 1s to 60s"))
+	}
 	// Below 100ms a healthy database on another host would be refused under ordinary load;
 	// above 10 minutes a stalled database holds callers as long as no deadline at all.
 	if c.StoreTimeout > 0 && (c.StoreTimeout < 100*time.Millisecond || c.StoreTimeout > 10*time.Minute) {
@@ -181,6 +206,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	boolean("IDEMGATE_GROUP_ADMISSION", &c.GroupAdmission)
 	boolean("IDEMGATE_SECURE_COOKIES", &c.SecureCookies)
+	boolean("IDEMGATE_WEBHOOKS", &c.Webhooks)
+	boolean("IDEMGATE_TRACE_KEYS", &c.TraceKeys)
 	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {

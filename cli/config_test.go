@@ -131,3 +131,24 @@ func TestLoadConfigPprofAddr(t *testing.T) {
 		require.ErrorContains(t, err, "IDEMGATE_PPROF_ADDR", bad)
 	}
 }
+
+// TestLoadConfigWebhooks: the dispatcher is on by default, with a 1 s poll and a 10 s attempt
+// limit; each setting is checked.
+func TestLoadConfigWebhooks(t *testing.T) {
+	c, err := LoadConfig(env(nil))
+	require.NoError(t, err)
+	require.True(t, c.Webhooks)
+	require.Equal(t, time.Second, c.WebhookPoll)
+	require.Equal(t, 10*time.Second, c.WebhookTimeout)
+	c, err = LoadConfig(env(map[string]string{"IDEMGATE_WEBHOOKS": "false", "IDEMGATE_WEBHOOK_POLL_INTERVAL": "250ms",
+		"IDEMGATE_WEBHOOK_TIMEOUT": "2s"}))
+	require.NoError(t, err)
+	require.False(t, c.Webhooks)
+	require.Equal(t, 250*time.Millisecond, c.WebhookPoll)
+	require.Equal(t, 2*time.Second, c.WebhookTimeout)
+	for name, bad := range map[string]string{"IDEMGATE_WEBHOOKS": "maybe", "IDEMGATE_WEBHOOK_POLL_INTERVAL": "10ms",
+		"IDEMGATE_WEBHOOK_TIMEOUT": "2m"} {
+		_, err := LoadConfig(env(map[string]string{name: bad}))
+		require.ErrorContains(t, err, name)
+	}
+}

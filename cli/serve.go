@@ -110,6 +110,12 @@ func serve(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
+	var dispatcher *services.Dispatcher
+	var webhookStats func() services.WebhookStats
+	if cfg.Webhooks {
+		dispatcher = services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout})
+		webhookStats = dispatcher.Stats
+	}
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
@@ -117,10 +123,20 @@ func serve(ctx context.Context, env Env) error {
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 		TracerProvider: tel.TracerProvider, TraceKeys: tel.TraceKeys,
+		Webhooks: services.NewWebhooks(db, log), WebhookStats: webhookStats,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()
 	go services.NewReaper(db, log, cfg.Retention).WithObserver(srv.Observer()).Run(reaperCtx, cfg.ReapInterval)
+	// The webhook dispatcher (docs/reference.md §10) stops with the reaper: an in-flight POST is
+	// cancelled and its claim lapses, so another instance (or this one after a restart)
+	// delivers it again with the same webhook-id.
+	dispatcherDone := make(chan struct{})
+	if dispatcher != nil {
+		go func() { defer close(dispatcherDone); dispatcher.Run(reaperCtx) }()
+	} else {
+		close(dispatcherDone)
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -135,6 +151,7 @@ func serve(ctx context.Context, env Env) error {
 	}
 	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	stopReaper()
+	<-dispatcherDone
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {

@@ -163,3 +163,60 @@ type OperationCounter struct {
 
 // TableName pins the table name.
 func (OperationCounter) TableName() string { return "operation_counters" }
+
+// WebhookEndpoint is one webhook subscriber of a tenant (docs/reference.md §10 "Webhooks",
+// migration 00010). Events is the comma-separated list of subscribed event types. Secret is the
+// "whsec_" signing secret, stored because signing needs it and never returned by a read.
+// Deleted endpoints are kept (DeletedAt) so that their deliveries still name them.
+type WebhookEndpoint struct {
+	ID         int64
+	TenantID   int64
+	URL        string
+	Events     string
+	Secret     string
+	CreatedBy  string
+	CreatedAt  time.Time
+	DisabledAt *time.Time
+	DeletedAt  *time.Time
+	DeletedBy  *string
+}
+
+// TableName pins the table name.
+func (WebhookEndpoint) TableName() string { return "webhook_endpoints" }
+
+// WebhookEvent is one outbox row: one event for one endpoint, written by a database trigger in
+// the transaction of the operation's state change (migration 00010). MsgID is the Standard
+// Webhooks webhook-id, the same on every retry. The Op* fields are the operation as it was at
+// the change, so every retry sends the same body. Status is pending, delivered or failed;
+// NextAttemptAt is when a pending row is due, and while a dispatcher holds it, the end of that
+// claim (ClaimedUntil, by ClaimedBy).
+type WebhookEvent struct {
+	ID                  int64
+	MsgID               string
+	TenantID            int64
+	EndpointID          int64
+	EventType           string
+	OperationID         string
+	OccurredAt          time.Time
+	OpKey               string
+	OpName              *string
+	OpState             string
+	OpStateReason       *string
+	OpFencingToken      int64
+	OpOutcomeStatus     *string
+	OpOutcomeReceipt    *string
+	PreviousOperationID *string
+	PreviousState       *string
+	Status              string
+	Attempts            int
+	NextAttemptAt       time.Time
+	ClaimedUntil        *time.Time
+	ClaimedBy           *string
+	LastAttemptAt       *time.Time
+	LastStatus          *int
+	LastError           *string
+	DeliveredAt         *time.Time
+}
+
+// TableName pins the table name.
+func (WebhookEvent) TableName() string { return "webhook_events" }

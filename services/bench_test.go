@@ -17,7 +17,8 @@ import (
 // BenchmarkAcquire measures Acquire through the service layer on each dialect, 16 concurrent
 // callers per CPU: "new" admits a fresh key per call (on PostgreSQL also "new-grouped", with
 // group admission), "hot" answers duplicates of one held key (a retry storm), and
-// "batch100" admits 100 fresh keys per AcquireBatch call. Each reports acquires/s; compare
+// "batch100" admits 100 fresh keys per AcquireBatch call; "readmit" releases and re-acquires
+// a key per caller (each admission a later generation, acquire + release per op). Each reports acquires/s; compare
 // modes and dialects with each other in the same run, never with a fixed number.
 func BenchmarkAcquire(b *testing.B) {
 	for _, db := range dbs.All() {
@@ -67,6 +68,29 @@ func BenchmarkAcquire(b *testing.B) {
 				}
 				return err
 			})
+		})
+		// readmit: each caller releases its own key and acquires it again, so every acquire
+		// admits a later generation (fencing token > 1): the path on which the webhook outbox's
+		// possible-duplicate trigger runs (migration 00010), here with no endpoint subscribed.
+		b.Run(string(db.Dialect)+"/readmit", func(b *testing.B) {
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				key := fmt.Sprintf("bench-readmit-%d", n.Add(1))
+				for pb.Next() {
+					acq, err := adm.Acquire(ctx, p, AcquireInput{Key: key, TTLSeconds: 3600})
+					if err == nil && !acq.Admitted {
+						err = fmt.Errorf("want an admission, got %+v", acq)
+					}
+					if err == nil {
+						_, err = adm.Release(ctx, p, ReleaseInput{Key: key, OwnerToken: acq.OwnerToken})
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acquires/s")
 		})
 		b.Run(string(db.Dialect)+"/batch100", func(b *testing.B) {
 			items := make([]AcquireInput, 100)

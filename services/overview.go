@@ -35,11 +35,13 @@ type HourBucket struct {
 // Overview is the dashboard's summary (docs/reference.md §5 "Overview"). Counts has one entry per state
 // in OverviewStates order, zeros included. NeedsReconciliation is the number of operations
 // in state uncertain. Hours has exactly 24 buckets, oldest first, the last one holding Now.
-// Now is the database time the figures were read at.
+// Now is the database time the figures were read at. OldestUncertainAge is how long the
+// oldest uncertain operation has been uncertain, at Now (0 when none is).
 type Overview struct {
 	Now                 time.Time
 	Counts              []StateCount
 	NeedsReconciliation int64
+	OldestUncertainAge  time.Duration
 	Hours               []HourBucket
 }
 
@@ -75,6 +77,18 @@ func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, 
 		ov.Counts = append(ov.Counts, StateCount{State: s, Count: byState[s]})
 	}
 	ov.NeedsReconciliation = byState[StateUncertain]
+	if ov.NeedsReconciliation > 0 {
+		// The oldest is the first entry of the queue's partial index (tenant_id, uncertain_at).
+		var oldest struct{ T dbTime }
+		oq := tx.Model(&models.Operation{}).Select("MIN(uncertain_at) AS t").Where("state = ?", StateUncertain)
+		if tenantID != nil {
+			oq = oq.Where("tenant_id = ?", *tenantID)
+		}
+		if err := oq.Scan(&oldest).Error; err != nil {
+			return nil, storeError("overview", err)
+		}
+		ov.OldestUncertainAge = ageAt(now, oldest.T.T)
+	}
 
 	first := now.Truncate(time.Hour).Add(-(overviewHours - 1) * time.Hour)
 	ov.Hours = make([]HourBucket, overviewHours)
@@ -124,9 +138,21 @@ func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, 
 }
 
 // TenantCount is a number of operations of one tenant, by the tenant's name.
+// OldestUncertainAge, for NeedsReconciliationByTenant, is how long the tenant's oldest
+// uncertain operation has been uncertain (0 when none is).
 type TenantCount struct {
-	Tenant string
-	Count  int64
+	Tenant             string
+	Count              int64
+	OldestUncertainAge time.Duration
+}
+
+// ageAt is now - since, never negative (clocks of two instances may disagree a little), and
+// 0 for a zero since.
+func ageAt(now, since time.Time) time.Duration {
+	if since.IsZero() || !now.After(since) {
+		return 0
+	}
+	return now.Sub(since)
 }
 
 // NeedsReconciliationByTenant returns, for every tenant, the number of its operations in state
@@ -134,14 +160,32 @@ type TenantCount struct {
 // for metrics: one statement whose cost grows with the number of uncertain operations and of
 // tenants, not of all operations (it reads the partial index operations_uncertain). Errors:
 // ErrStoreUnavailable.
+//
+// The same statement reads each tenant's oldest uncertain_at (from the partial index
+// operations_uncertain_queue), so the oldest-uncertain gauge costs nothing extra; ages are
+// judged by the database clock.
 func (ds *Dashboard) NeedsReconciliationByTenant(ctx context.Context) ([]TenantCount, error) {
-	var out []TenantCount
-	err := ds.db.WithContext(ctx).Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count
-  FROM tenants t
-  LEFT JOIN (SELECT tenant_id, COUNT(*) AS n FROM operations WHERE state = ? GROUP BY tenant_id) u ON u.tenant_id = t.id
- ORDER BY t.name`, StateUncertain).Scan(&out).Error
+	tx := ds.db.WithContext(ctx)
+	now, err := ds.db.Now(ctx, tx)
 	if err != nil {
 		return nil, storeError("count operations needing reconciliation", err)
+	}
+	var rows []struct {
+		Tenant string
+		Count  int64
+		Oldest dbTime
+	}
+	err = tx.Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count, u.oldest AS oldest
+  FROM tenants t
+  LEFT JOIN (SELECT tenant_id, COUNT(*) AS n, MIN(uncertain_at) AS oldest FROM operations WHERE state = ? GROUP BY tenant_id) u
+    ON u.tenant_id = t.id
+ ORDER BY t.name`, StateUncertain).Scan(&rows).Error
+	if err != nil {
+		return nil, storeError("count operations needing reconciliation", err)
+	}
+	out := make([]TenantCount, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, TenantCount{Tenant: r.Tenant, Count: r.Count, OldestUncertainAge: ageAt(now, r.Oldest.T)})
 	}
 	return out, nil
 }

@@ -163,6 +163,11 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 			if err := tx.Where("operation_id IN ?", ids).Delete(&models.OperationCounter{}).Error; err != nil {
 				return err
 			}
+			// Their webhook deliveries go too, once finished: a pending one (of a disabled
+			// endpoint) is still owed to its receiver.
+			if err := tx.Where("operation_id IN ? AND status <> ?", ids, DeliveryPending).Delete(&models.WebhookEvent{}).Error; err != nil {
+				return err
+			}
 			d := tx.Where("id IN ?", ids).Delete(&models.Operation{})
 			batch = ReapResult{OperationsPurged: d.RowsAffected, AttemptsPurged: a.RowsAffected, EventsPurged: e.RowsAffected}
 			return d.Error

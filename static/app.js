@@ -56,3 +56,19 @@
     start();
   }
 })();
+
+// Copy buttons: <button data-copy-target="ID"> copies the text of element ID (e.g. a secret
+// shown once) to the clipboard. Without JavaScript or clipboard access the text stays
+// selectable by hand.
+(function () {
+  "use strict";
+  document.addEventListener("click", function (ev) {
+    var btn = ev.target.closest ? ev.target.closest("[data-copy-target]") : null;
+    if (!btn || !navigator.clipboard) return;
+    var el = document.getElementById(btn.getAttribute("data-copy-target"));
+    if (!el) return;
+    navigator.clipboard.writeText(el.textContent.trim()).then(function () {
+      btn.textContent = "Copied";
+    });
+  });
+})();

@@ -19,6 +19,9 @@ var adminFlashes = map[string]string{
 	"operator-created": "Operator account created.",
 	"role":             "Role saved. It applies at the account's next request.",
 	"deleted":          "Operator account deleted. Its sessions end at their next request.",
+	"webhook-deleted":  "Webhook endpoint deleted. Its pending deliveries end as failed.",
+	"webhook-disabled": "Webhook endpoint disabled. It gets no new events; pending deliveries wait.",
+	"webhook-enabled":  "Webhook endpoint enabled. Pending deliveries resume.",
 }
 
 // adminRoles are the roles the page offers, most powerful first.
@@ -113,6 +116,7 @@ func handleAdminOperatorDelete(s *Server) fiber.Handler {
 // adminFormLabels name the form fields as the page labels them.
 var adminFormLabels = map[string]string{
 	"tenant": "Tenant", "label": "Label", "username": "Username", "role": "Role", "password": "Password",
+	"url": "URL", "events": "Events",
 }
 
 // refuseAdmin answers a refused admin action: the page again with the reason (400 for invalid
@@ -157,6 +161,9 @@ func (s *Server) renderAdmin(c *fiber.Ctx, status int, p views.AdminProps) error
 		return err
 	}
 	p.Roles = adminRoles
+	if err := s.adminWebhooksProps(c, acct, &p.Webhooks); err != nil {
+		return err
+	}
 	if p.OperatorForm.Role == "" {
 		p.OperatorForm.Role = services.RoleOperator
 	}

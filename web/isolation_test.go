@@ -44,6 +44,9 @@ func (f *dashFixture) isolationSnapshot(t *testing.T, victim, newName string, id
 	out["victim-role"] = v.Role
 	require.NoError(t, f.db.Model(&models.Operator{}).Where("username = ?", newName).Count(&n).Error)
 	out["created"] = strconv.FormatInt(n, 10)
+	require.NoError(t, f.db.Model(&models.WebhookEndpoint{}).Where("tenant_id = ? AND deleted_at IS NULL AND disabled_at IS NULL", f.pB.TenantID).
+		Count(&n).Error)
+	out["live-webhooks"] = strconv.FormatInt(n, 10)
 	return out
 }
 
@@ -59,9 +62,12 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		// Tenant B: a held key with duplicates and a conflict, an uncertain operation, a second
 		// held key. Tenant A: one key in progress, so its pages are not trivially empty.
 		w := isolationWorld{marker: "isob-" + dashRandom() + "-"}
+		hookB, err := f.s.webhooks.CreateEndpoint(ctx, "isolation", services.WebhookEndpointInput{Tenant: f.tenantB,
+			URL: "https://b.example/hook", Events: services.EventOperationUncertain})
+		require.NoError(t, err)
 		w.held = f.acquire(t, f.pB, w.marker+"held")
 		f.acquire(t, f.pB, w.marker+"held")
-		_, err := f.s.adm.Acquire(ctx, f.pB, services.AcquireInput{Key: w.marker + "held", TTLSeconds: 300,
+		_, err = f.s.adm.Acquire(ctx, f.pB, services.AcquireInput{Key: w.marker + "held", TTLSeconds: 300,
 			Operation: &f.op, Fingerprint: &w.marker})
 		require.ErrorIs(t, err, services.ErrFingerprintMismatch)
 		late, err := f.s.adm.Acquire(ctx, f.pB, services.AcquireInput{Key: w.marker + "late", TTLSeconds: 1, Operation: &f.op})
@@ -129,6 +135,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 			}
 		}
 		heldID, uncertainID := w.held.OperationID, w.uncertain
+		hookPath := adminWebhooksURL + "/" + strconv.FormatInt(hookB.Endpoint.ID, 10)
 		bAPIKey := strconv.FormatInt(f.pB.APIKeyID, 10)
 
 		type call struct {
@@ -246,6 +253,17 @@ func TestTenantIsolationMatrix(t *testing.T) {
 			"POST /admin/operators":            {{"/admin/operators", post(tenantAdmin, adminCSRF, url.Values{"username": {newName}, "role": {"admin"}, "password": {"a-long-password-1"}}, 403)}},
 			"POST /admin/operators/:id/role":   {{victimPath + "/role", post(tenantAdmin, adminCSRF, url.Values{"role": {"auditor"}}, 403)}},
 			"POST /admin/operators/:id/delete": {{victimPath + "/delete", post(tenantAdmin, adminCSRF, url.Values{"confirm": {"yes"}}, 403)}},
+			// Webhook endpoints are managed by global admins only; tenant B's endpoint and its
+			// delivery stay out of A's delivery log.
+			"POST /admin/webhooks": {{"/admin/webhooks", post(tenantAdmin, adminCSRF, url.Values{"tenant": {f.tenantB},
+				"url": {"https://a.example/steal"}, "events": {services.EventOperationUncertain}}, 403)}},
+			"POST /admin/webhooks/:id/disable": {{hookPath + "/disable", post(tenantAdmin, adminCSRF, url.Values{}, 403)}},
+			"POST /admin/webhooks/:id/enable":  {{hookPath + "/enable", post(tenantAdmin, adminCSRF, url.Values{}, 403)}},
+			"POST /admin/webhooks/:id/delete":  {{hookPath + "/delete", post(tenantAdmin, adminCSRF, url.Values{"confirm": {"yes"}}, 403)}},
+			"GET /webhooks": {
+				{"/webhooks", page(op, 200)},
+				{"/webhooks", page(tenantAdmin, 200)},
+			},
 			// Operational: never names a key or an operation. It does name tenants: acquires and
 			// operations needing reconciliation are labelled by tenant (issue 5), so /metrics is
 			// for the operators' Prometheus and must be kept off networks tenants reach.

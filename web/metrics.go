@@ -268,8 +268,8 @@ const (
 	reconciliationTimeout = 2 * time.Second
 )
 
-// reconciliationCollector exports idemgate_operations_needing_reconciliation per tenant,
-// counted by the database at scrape time (services.Dashboard.NeedsReconciliationByTenant) and
+// reconciliationCollector exports idemgate_operations_needing_reconciliation and
+// idemgate_reconciliation_oldest_uncertain_age_seconds per tenant, counted by the database at scrape time (services.Dashboard.NeedsReconciliationByTenant) and
 // cached for reconciliationMaxAge. When the last query failed the gauge is left out of the
 // scrape (rather than showing stale numbers) and the failure is counted in
 // idemgate_reconciliation_query_errors_total; the rest of the scrape is unaffected.
@@ -280,7 +280,7 @@ type reconciliationCollector struct {
 	maxAge  time.Duration
 	timeout time.Duration
 
-	gauge, errorsDesc *prometheus.Desc
+	gauge, oldest, errorsDesc *prometheus.Desc
 
 	mu      sync.Mutex // held across a query, so concurrent scrapes share it
 	fetched time.Time
@@ -295,6 +295,10 @@ func newReconciliationCollector(query func(context.Context) ([]services.TenantCo
 		gauge: prometheus.NewDesc("idemgate_operations_needing_reconciliation",
 			"Operations in state uncertain (needing reconciliation, docs/reference.md §3), by tenant name; counted by the "+
 				"database at most every 5 s.", []string{"tenant"}, nil),
+		oldest: prometheus.NewDesc("idemgate_reconciliation_oldest_uncertain_age_seconds",
+			"How long the tenant's oldest uncertain operation has been uncertain, in seconds (0 when none is): "+
+				"alert on it to reconcile within N hours. Read with idemgate_operations_needing_reconciliation.",
+			[]string{"tenant"}, nil),
 		errorsDesc: prometheus.NewDesc("idemgate_reconciliation_query_errors_total",
 			"Scrape-time counts of idemgate_operations_needing_reconciliation that failed (database unavailable "+
 				"or slower than 2 s).", nil, nil),
@@ -304,6 +308,7 @@ func newReconciliationCollector(query func(context.Context) ([]services.TenantCo
 // Describe sends the descriptions of both series (prometheus.Collector).
 func (r *reconciliationCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- r.gauge
+	ch <- r.oldest
 	ch <- r.errorsDesc
 }
 
@@ -322,11 +327,18 @@ func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
 			r.log.Warn("counting operations needing reconciliation for metrics failed", "err", err)
 		}
 	}
-	counts, ok, errs := r.counts, r.ok, r.errors
+	counts, ok, errs, fetched := r.counts, r.ok, r.errors, r.fetched
 	r.mu.Unlock()
 	if ok {
 		for _, c := range counts {
 			ch <- prometheus.MustNewConstMetric(r.gauge, prometheus.GaugeValue, float64(c.Count), c.Tenant)
+			// The age grows between two queries: what is cached is the oldest operation's
+			// uncertain time, in effect, so the gauge adds the time since the query.
+			age := c.OldestUncertainAge
+			if age > 0 {
+				age += r.now().Sub(fetched)
+			}
+			ch <- prometheus.MustNewConstMetric(r.oldest, prometheus.GaugeValue, age.Seconds(), c.Tenant)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(r.errorsDesc, prometheus.CounterValue, float64(errs))
@@ -355,4 +367,27 @@ func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupSt
 			Help: "Group admission statements undone because an acquire in them would have waited on a row lock; their acquires were decided alone.",
 		}, func() float64 { return float64(stats().Contended) }),
 	)
+}
+
+// registerWebhookStats exports the dispatcher's attempts by result (services.WebhookStats) as
+// idemgate_webhook_attempts_total{result="delivered|retried|failed"}; zeros when stats is nil
+// (no dispatcher in this process). docs/alerts.yml alerts on failed.
+func registerWebhookStats(reg prometheus.Registerer, stats func() services.WebhookStats) {
+	if stats == nil {
+		stats = func() services.WebhookStats { return services.WebhookStats{} }
+	}
+	for _, r := range []struct {
+		result string
+		get    func(services.WebhookStats) int64
+	}{
+		{"delivered", func(s services.WebhookStats) int64 { return s.Delivered }},
+		{"retried", func(s services.WebhookStats) int64 { return s.Retried }},
+		{"failed", func(s services.WebhookStats) int64 { return s.Failed }},
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idemgate_webhook_attempts_total",
+			Help:        "Webhook delivery attempts of this process by result: delivered (2xx), retried (failed, retry scheduled), failed (last attempt failed, given up).",
+			ConstLabels: prometheus.Labels{"result": r.result},
+		}, func() float64 { return float64(r.get(stats())) }))
+	}
 }

@@ -328,7 +328,7 @@ func TestReconciliationCollectorBoundsDatabaseWork(t *testing.T) {
 			<-ctx.Done()
 			return nil, ctx.Err()
 		}
-		return []services.TenantCount{{Tenant: "shop", Count: 3}}, f
+		return []services.TenantCount{{Tenant: "shop", Count: 3, OldestUncertainAge: time.Hour}}, f
 	}
 	now := time.Unix(1_000_000, 0)
 	rc := newReconciliationCollector(query, newTestServer(t, dbs.SQLite).log)
@@ -355,12 +355,20 @@ func TestReconciliationCollectorBoundsDatabaseWork(t *testing.T) {
 		}
 		return out
 	}
-	ok := map[string]float64{"idemgate_operations_needing_reconciliation,tenant=shop": 3, "idemgate_reconciliation_query_errors_total": 0}
+	const oldest = "idemgate_reconciliation_oldest_uncertain_age_seconds,tenant=shop"
+	ok := func(age float64) map[string]float64 {
+		return map[string]float64{"idemgate_operations_needing_reconciliation,tenant=shop": 3, oldest: age,
+			"idemgate_reconciliation_query_errors_total": 0}
+	}
 
-	require.Equal(t, ok, gather())
-	for i := 0; i < 5; i++ {
+	require.Equal(t, ok(3600), gather())
+	for i := 1; i <= 5; i++ {
 		now = now.Add(time.Second)
-		require.Equal(t, ok, gather())
+		want := ok(3600 + float64(i))
+		if i == 5 {
+			want = ok(3600) // asked again: the query's own age
+		}
+		require.Equal(t, want, gather(), "the cached age grows with the time since the query")
 	}
 	require.Equal(t, 2, calls, "one query at start, one after 5 s")
 
@@ -385,7 +393,7 @@ func TestReconciliationCollectorBoundsDatabaseWork(t *testing.T) {
 	block = false
 	mu.Unlock()
 	now = now.Add(reconciliationMaxAge)
-	require.Equal(t, map[string]float64{"idemgate_operations_needing_reconciliation,tenant=shop": 3,
+	require.Equal(t, map[string]float64{"idemgate_operations_needing_reconciliation,tenant=shop": 3, oldest: 3600,
 		"idemgate_reconciliation_query_errors_total": 2}, gather(), "recovers by itself")
 }
 

@@ -43,6 +43,7 @@ type paramSweepWorld struct {
 	opKey string
 	keyID string
 	opr   string // an operator account's id, for /admin/operators/:id/…
+	hook  string // a webhook endpoint's id, for /admin/webhooks/:id/…
 }
 
 func newParamSweepWorld(t *testing.T, db *models.DB) *paramSweepWorld {
@@ -67,6 +68,10 @@ func newParamSweepWorld(t *testing.T, db *models.DB) *paramSweepWorld {
 	name := dashOperator(t, db, services.RoleAuditor, nil)
 	require.NoError(t, db.Where("username = ?", name).Take(&victim).Error)
 	w.opr = strconv.FormatInt(victim.ID, 10)
+	ep, err := s.webhooks.CreateEndpoint(ctx, "sweep", services.WebhookEndpointInput{Tenant: tenant,
+		URL: "https://hooks.example/sweep", Events: services.EventOperationUncertain})
+	require.NoError(t, err)
+	w.hook = strconv.FormatInt(ep.Endpoint.ID, 10)
 	return w
 }
 
@@ -124,6 +129,13 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 			form: q("role", "operator")},
 		"POST /admin/operators/:id/delete": {path: "/admin/operators/" + w.opr + "/delete", pathParams: []string{w.opr},
 			form: q("confirm", "yes")},
+		"POST /admin/webhooks": {path: "/admin/webhooks", form: q("tenant", "sweep", "url", "https://hooks.example/x",
+			"events", "operation.uncertain")},
+		"POST /admin/webhooks/:id/disable": {path: "/admin/webhooks/" + w.hook + "/disable", pathParams: []string{w.hook}},
+		"POST /admin/webhooks/:id/enable":  {path: "/admin/webhooks/" + w.hook + "/enable", pathParams: []string{w.hook}},
+		"POST /admin/webhooks/:id/delete": {path: "/admin/webhooks/" + w.hook + "/delete", pathParams: []string{w.hook},
+			form: q("confirm", "yes")},
+		"GET /webhooks": {path: "/webhooks", query: q("status", "pending")},
 	}
 }
 

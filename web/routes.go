@@ -76,4 +76,14 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	app.Post(adminURL+"/operators", admin(handleAdminOperatorCreate(s))...)
 	app.Post(adminURL+"/operators/:id/role", admin(handleAdminOperatorRole(s))...)
 	app.Post(adminURL+"/operators/:id/delete", admin(handleAdminOperatorDelete(s))...)
+
+	// Webhooks (dashboard_webhooks.go): endpoints on the admin page, for global admins; the
+	// delivery log for every role, scoped to the account's tenant. Only with Config.Webhooks.
+	if s.webhooks != nil {
+		app.Post(adminWebhooksURL, admin(handleAdminWebhookCreate(s))...)
+		app.Post(adminWebhooksURL+"/:id/delete", admin(handleAdminWebhookDelete(s))...)
+		app.Post(adminWebhooksURL+"/:id/disable", admin(handleAdminWebhookDisable(s, true))...)
+		app.Post(adminWebhooksURL+"/:id/enable", admin(handleAdminWebhookDisable(s, false))...)
+		app.Get(webhookDeliveriesURL, pageHeaders, signedIn, csrfProtect, handleWebhookDeliveriesPage(s))
+	}
 }

@@ -75,6 +75,12 @@ type Config struct {
 	// TraceKeys lets raw idempotency keys onto spans (IDEMGATE_TRACE_KEYS); without it only
 	// their digest is recorded (idemgate.key_hash).
 	TraceKeys bool
+	// Webhooks manages webhook endpoints and reads the delivery log (docs/reference.md §10);
+	// nil leaves the admin page's webhook section and the delivery log out.
+	Webhooks *services.Webhooks
+	// WebhookStats reports this process's dispatcher (services.Dispatcher.Stats) as
+	// idemgate_webhook_attempts_total; nil when it runs no dispatcher (constant zeros).
+	WebhookStats func() services.WebhookStats
 }
 
 // exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
@@ -124,6 +130,8 @@ type Server struct {
 	exports chan struct{}
 	// authFails counts failed API-key authentications per client address (security.go).
 	authFails *authFailureLimiter
+	// webhooks is Config.Webhooks (dashboard_webhooks.go); nil when not configured.
+	webhooks *services.Webhooks
 }
 
 // New builds the Fiber application with every route of routes.go.
@@ -166,6 +174,8 @@ func New(cfg Config) *Server {
 	}
 	s.adm = cfg.Admission.WithObserver(s.metrics)
 	registerGroupStats(reg, s.adm.GroupStats)
+	registerWebhookStats(reg, cfg.WebhookStats)
+	s.webhooks = cfg.Webhooks
 	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
 	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
 	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))
