@@ -49,6 +49,15 @@ type Config struct {
 	// TraceKeys is IDEMGATE_TRACE_KEYS: raw idempotency keys on trace spans (else only their
 	// hash), default false. Tracing itself is configured by the standard OTEL_* variables.
 	TraceKeys bool
+	// MaxWaiters is IDEMGATE_MAX_WAITERS: how many GET /v1/operations/{id}?wait= requests one
+	// instance lets wait at once (docs/reference.md §8), default 1000; one more is 503
+	// too_many_waiters.
+	MaxWaiters int
+	// ListenDatabaseURL is IDEMGATE_LISTEN_DATABASE_URL: the PostgreSQL URL of the one LISTEN
+	// connection that tells waiting requests of outcomes, default DATABASE_URL. Point it at
+	// PostgreSQL directly when DATABASE_URL goes through PgBouncer in transaction mode, where
+	// LISTEN does not work (waiters then rely on polling).
+	ListenDatabaseURL string
 }
 
 // DefaultStoreTimeout is IDEMGATE_STORE_TIMEOUT's default: the longest a request waits on the
@@ -103,6 +112,8 @@ var Variables = []Variable{
 	{Name: "IDEMGATE_SHUTDOWN_TIMEOUT", Default: "10s", Meaning: "how long SIGTERM waits for in-flight requests"},
 	{Name: "IDEMGATE_STORE_TIMEOUT", Default: "5s", Meaning: "deadline of each request's database work (100ms-10m)"},
 	{Name: "IDEMGATE_START_TIMEOUT", Default: "60s", Meaning: "how long start-up retries an unreachable database"},
+	{Name: "IDEMGATE_MAX_WAITERS", Default: "1000", Meaning: "requests one instance lets wait (?wait=) at once (1-1000000)"},
+	{Name: "IDEMGATE_LISTEN_DATABASE_URL", Shown: "DATABASE_URL", Meaning: "direct PostgreSQL URL for the LISTEN connection (behind PgBouncer)"},
 	{Name: "IDEMGATE_WEBHOOKS", Default: "true", Meaning: "run a webhook dispatcher in this instance"},
 	{Name: "IDEMGATE_WEBHOOK_POLL_INTERVAL", Default: "1s", Meaning: "how often an idle dispatcher looks for due deliveries (100ms-1h)"},
 	{Name: "IDEMGATE_WEBHOOK_TIMEOUT", Default: "10s", Meaning: "limit of one delivery attempt (1s-60s)"},
@@ -208,6 +219,17 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	boolean("IDEMGATE_SECURE_COOKIES", &c.SecureCookies)
 	boolean("IDEMGATE_WEBHOOKS", &c.Webhooks)
 	boolean("IDEMGATE_TRACE_KEYS", &c.TraceKeys)
+	c.ListenDatabaseURL = getenv("IDEMGATE_LISTEN_DATABASE_URL")
+	if c.ListenDatabaseURL == "" {
+		c.ListenDatabaseURL = c.DatabaseURL
+	}
+	if v := getenv("IDEMGATE_MAX_WAITERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000000 {
+			errs = append(errs, fmt.Errorf("IDEMGATE_MAX_WAITERS=%q: want an integer from 1 to 1000000", v))
+		}
+		c.MaxWaiters = n
+	}
 	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {

@@ -81,6 +81,11 @@ type Config struct {
 	// WebhookStats reports this process's dispatcher (services.Dispatcher.Stats) as
 	// idemgate_webhook_attempts_total; nil when it runs no dispatcher (constant zeros).
 	WebhookStats func() services.WebhookStats
+	// Awaiter lets GET /v1/operations/{id}?wait= wait for an outcome without holding a
+	// database connection (docs/reference.md §8). Its Run must be running; Shutdown closes it,
+	// so waiting requests answer at once instead of holding up the shutdown. Nil (tools and
+	// tests that never wait): wait is validated and the operation read at once.
+	Awaiter *services.Awaiter
 }
 
 // exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
@@ -132,6 +137,8 @@ type Server struct {
 	authFails *authFailureLimiter
 	// webhooks is Config.Webhooks (dashboard_webhooks.go); nil when not configured.
 	webhooks *services.Webhooks
+	// awaiter serves waiting operation reads (Config.Awaiter).
+	awaiter *services.Awaiter
 }
 
 // New builds the Fiber application with every route of routes.go.
@@ -144,7 +151,7 @@ func New(cfg Config) *Server {
 		}
 	}
 	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
-		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout}
+		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
 	}
@@ -176,6 +183,9 @@ func New(cfg Config) *Server {
 	registerGroupStats(reg, s.adm.GroupStats)
 	registerWebhookStats(reg, cfg.WebhookStats)
 	s.webhooks = cfg.Webhooks
+	if cfg.Awaiter != nil {
+		registerWaiters(reg, cfg.Awaiter)
+	}
 	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
 	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
 	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))
@@ -217,7 +227,13 @@ func (s *Server) Observer() services.Observer { return s.metrics }
 func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 
 // Shutdown stops accepting connections and waits for in-flight requests until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
+// Waiting operation reads are released first: they answer with the operation's state now.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.awaiter != nil {
+		s.awaiter.Close()
+	}
+	return s.app.ShutdownWithContext(ctx)
+}
 
 func (s *Server) handleHealthz(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"status": "ok"})
