@@ -199,6 +199,14 @@ func (c *Client) run(ctx context.Context, adm *Admission, fn func(context.Contex
 		return res, invalidArgument("response", "Outcome.Response is not valid JSON")
 	}
 	op, rerr := c.record(ctx, lease, req)
+	if rerr != nil && req.Status == StatusUncertain && errors.Is(rerr, ErrInvalidTransition) {
+		// uncertain → uncertain is no transition (docs/reference.md §3): the lease lapsed
+		// first and the server already marked the operation uncertain. That is the evidence
+		// asked for.
+		if d, gerr := c.GetOperation(context.WithoutCancel(ctx), lease.OperationID); gerr == nil && d.State == StateUncertain {
+			op, rerr = &d.Operation, nil
+		}
+	}
 	res.Operation = op
 	if op != nil {
 		res.Outcome = op.Outcome

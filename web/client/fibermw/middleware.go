@@ -436,8 +436,13 @@ func (m *middleware) record(c *fiber.Ctx, info *Info, status string, release boo
 		req.Response = nil
 		_, err = m.cfg.Client.RecordOutcome(ctx, info.OperationID, req)
 	}
+	if err != nil && status == client.StatusUncertain && errors.Is(err, client.ErrInvalidTransition) {
+		// The lease lapsed first and idemgate already marked the operation uncertain
+		// (docs/reference.md §8): uncertain → uncertain is no transition, and nothing is lost.
+		return
+	}
 	if err != nil {
-		m.cfg.Logger.Error("idemgate: could not record the outcome; the key stays in progress until its TTL ends",
+		m.cfg.Logger.Error("idemgate: could not record the outcome; the key stays in progress until its lease ends",
 			"key", info.ServerKey, "operation_id", info.OperationID, "status", status, "err", err)
 	}
 }
