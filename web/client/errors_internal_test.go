@@ -94,6 +94,8 @@ func FuzzDecodeProblem(f *testing.F) {
 	f.Add(502, "text/html", "<h1>bad gateway</h1>", "")
 	f.Add(503, "application/json", `{"code":"store_unavailable","status":"x"}`, "Sun, 29 Nov 2026 12:00:30 GMT")
 	f.Add(429, "", "\xff\xfe", "99999999999999999999")
+	f.Add(409, "application/problem+json", `{"code":"outcome_uncertain","operation":{"id":"op1","state":"uncertain","metadata":null}}`, "")
+	f.Add(409, "application/problem+json", `{"code":"outcome_uncertain","operation":{"id":""}}`, "")
 	f.Fuzz(func(t *testing.T, status int, ctype, body, retryAfter string) {
 		h := http.Header{"Content-Type": {ctype}, "Retry-After": {retryAfter}}
 		p := decodeProblem(status, h, []byte(body), now)
@@ -106,8 +108,30 @@ func FuzzDecodeProblem(f *testing.F) {
 		} else {
 			require.ErrorIs(t, p, &Problem{Code: p.Code})
 		}
+		if p.Operation != nil {
+			require.NotEmpty(t, p.Operation.ID, "an operation is kept only when it names one")
+		}
 		_ = p.Error()
 	})
+}
+
+// TestDecodeProblemOperation: a 409 outcome_uncertain acquire carries the operation to
+// reconcile (docs/reference.md §8).
+func TestDecodeProblemOperation(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/problem+json"}}
+	p := decodeProblem(409, h, []byte(`{"status":409,"code":"outcome_uncertain","operation":{"id":"op1",
+	  "state":"uncertain","state_reason":"lease_expired_without_outcome","fencing_token":3,"metadata":null,
+	  "on_expiry":"hold_until_reconciled","lease_expires_at":"2026-11-29T12:00:00Z"}}`), now)
+	require.ErrorIs(t, p, ErrOutcomeUncertain)
+	require.NotNil(t, p.Operation)
+	require.Equal(t, "op1", p.Operation.ID)
+	require.Equal(t, StateUncertain, p.Operation.State)
+	require.Equal(t, "lease_expired_without_outcome", p.Operation.StateReason)
+	require.EqualValues(t, 3, p.Operation.FencingToken)
+	require.Equal(t, OnExpiryHoldUntilReconciled, p.Operation.OnExpiry)
+	require.Equal(t, now, p.Operation.LeaseExpiresAt)
+	require.Nil(t, p.Operation.Metadata)
+	require.Nil(t, decodeProblem(409, h, []byte(`{"code":"not_owner"}`), now).Operation)
 }
 
 // FuzzParseRetryAfter: never negative, never over the cap, never a panic.
