@@ -267,3 +267,29 @@ func TestRenewAndWaitOperation(t *testing.T) {
 		require.ErrorIs(t, err, client.ErrInvalidTransition, "a finished operation has no lease to renew")
 	})
 }
+
+func TestDoUnreachableRenewsCancelFnAtLeaseEnd(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		base := servertest.OwnTransport(t).Transport
+		cut := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if strings.HasSuffix(r.URL.Path, "/renew") {
+				return nil, errors.New("network cut")
+			}
+			return base.RoundTrip(r)
+		})}
+		c := newClient(t, srv, client.WithHTTPClient(cut))
+		req := client.AcquireRequest{Key: uniqueKey("cut"), TTL: 30 * time.Second, Lease: time.Second}
+		var cause error
+		res, err := c.Do(ctx(t), req, func(fctx context.Context, _ client.Lease) (client.Outcome, error) {
+			if hold(fctx, 20*time.Second) {
+				return client.Outcome{}, errors.New("fn was never cancelled")
+			}
+			cause = context.Cause(fctx)
+			return client.Outcome{}, fctx.Err()
+		})
+		require.ErrorIs(t, cause, client.ErrLeaseLost, "no renew got through before the lease's end")
+		require.NotErrorIs(t, cause, client.ErrLeaseExpired, "the server never answered a renew")
+		require.ErrorIs(t, err, client.ErrLeaseLost)
+		require.Equal(t, client.StateUncertain, res.Operation.State)
+	})
+}
