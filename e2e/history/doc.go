@@ -43,10 +43,10 @@
 //     409 invalid_transition never where the transition is always permitted.
 //   - leases (docs/reference.md §8): an in_progress operation may turn uncertain from its
 //     lease_expires_at minus the allowance on; a duplicate after its lease (plus the allowance)
-//     never reports it in_progress, and a 200 duplicate never reports uncertain: acquires of
-//     an uncertain operation that still protects its key answer 409 outcome_uncertain. With
-//     hold_until_reconciled the key is never admitted again while its operation is
-//     in_progress or uncertain, TTL or not.
+//     never reports it in_progress; a 409 outcome_uncertain names the current holder, uncertain
+//     (or lapsed), whose hold still protects the key. With hold_until_reconciled a duplicate
+//     never gets a 200 reporting uncertain, and the key is never admitted again while its
+//     operation is in_progress or uncertain, TTL or not.
 //   - renew 200: only with the owner's token, only for the in_progress current holder whose
 //     lease and hold were live at the call; the lease end and expires_at become the answered
 //     ones (the lease capped at expires_at without extend_ttl). 403 only for a wrong token;

@@ -277,9 +277,11 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			if h.fp != in.FP || h.name != in.Name {
 				return nil
 			}
-			if out.State == "uncertain" && !opts.tornDuplicate {
-				// docs/reference.md §8: a duplicate of an uncertain operation is 409
-				// outcome_uncertain, never a 200.
+			if out.State == "uncertain" && h.hold && !opts.tornDuplicate {
+				// docs/reference.md §8: under hold_until_reconciled a duplicate of an
+				// uncertain operation is 409 outcome_uncertain, never a 200. (Under readmit
+				// one its owner reported uncertain is answered 200 as before leases, and
+				// one whose lease lapsed 409; the model does not tell the two apart.)
 				return nil
 			}
 			if out.State == "in_progress" && h.lexp > 0 && in.Call > h.lexp+clockSkew {

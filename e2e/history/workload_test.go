@@ -332,7 +332,8 @@ func (rec *recorder) recorderFor(c int, mine *[]owned, crashes bool) recordFunc 
 		rec.mu.Lock()
 		rec.statuses[fmt.Sprintf("%s %d", in.Kind, status)]++
 		if in.Kind == kindAcquire && !out.Unknown {
-			result := map[int]string{201: "admitted", 200: "duplicate", 422: "conflict"}[status]
+			// A 409 outcome_uncertain is a duplicate attempt refused (docs/reference.md §8).
+			result := map[int]string{201: "admitted", 200: "duplicate", 409: "duplicate", 422: "conflict"}[status]
 			rec.answers[[2]string{in.Key, result}]++
 			if status == 201 {
 				rec.admitted[out.OpID] = owned{key: in.Key, op: out.OpID}

@@ -144,11 +144,35 @@ func (c *Client) awaitHolder(ctx context.Context, op *Operation) (_ *Operation, 
 		if !op.Held {
 			return op, true, nil
 		}
+		asked := time.Now()
 		d, err := c.WaitOperation(ctx, op.ID, DefaultDoWait)
 		if err != nil {
 			return op, false, err
 		}
 		op = &d.Operation
+		if err := pauseIfEarly(ctx, asked, op); err != nil {
+			return op, false, err
+		}
+	}
+}
+
+// minWaitRound is the shortest time between two long polls of one operation: a server that
+// answers a wait early (an older one without ?wait, or a proxy) is not asked in a busy loop.
+const minWaitRound = 100 * time.Millisecond
+
+// pauseIfEarly waits out the rest of minWaitRound since asked when op is still in_progress.
+func pauseIfEarly(ctx context.Context, asked time.Time, op *Operation) error {
+	left := minWaitRound - time.Since(asked)
+	if op.State != StateInProgress || left <= 0 {
+		return nil
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -291,15 +291,27 @@ func (m *middleware) await(c *fiber.Ctx, op *client.Operation, waitUntil time.Ti
 		if waitUntil.IsZero() || left <= 0 {
 			return op, false
 		}
+		asked := time.Now()
 		d, err := m.cfg.Client.WaitOperation(c.UserContext(), op.ID, left)
 		if err != nil {
 			m.cfg.Logger.Warn("idemgate: waiting for the original request failed", "operation_id", op.ID, "err", err)
 			return op, false
 		}
 		op = &d.Operation
+		if op.State == client.StateInProgress && time.Since(asked) < minWaitRound {
+			// Answered early (a server or proxy without long polls): never a busy loop.
+			select {
+			case <-time.After(minWaitRound - time.Since(asked)):
+			case <-c.UserContext().Done():
+				return op, false
+			}
+		}
 	}
 	return op, false
 }
+
+// minWaitRound is the shortest time between two long polls of one operation.
+const minWaitRound = 100 * time.Millisecond
 
 // uncertain answers a request whose key's operation has an unknown outcome.
 func (m *middleware) uncertain(c *fiber.Ctx) error {
