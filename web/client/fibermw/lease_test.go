@@ -2,7 +2,10 @@ package fibermw_test
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,6 +87,55 @@ func TestLeaseRenewedForHandlerLongerThanLease(t *testing.T) {
 		again := send(t, testCtx(t), "POST", url, `{}`, "Idempotency-Key", key)
 		require.Equal(t, fiber.StatusCreated, again.Status)
 		require.True(t, again.replayed())
+	})
+}
+
+// roundTripFunc adapts a function to http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestLostLeaseCancelsHandlerContext(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		// Renews are held until the lease has lapsed at idemgate, which then refuses them
+		// (lease_expired); everything else goes straight through.
+		base := servertest.OwnTransport(t).Transport
+		var admittedAt atomic.Int64
+		slow := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if strings.HasSuffix(r.URL.Path, "/renew") {
+				if wait := time.Until(time.Unix(0, admittedAt.Load()).Add(1500 * time.Millisecond)); wait > 0 {
+					<-time.After(wait)
+				}
+				r = r.Clone(context.Background())
+			}
+			resp, err := base.RoundTrip(r)
+			if err == nil && r.URL.Path == "/v1/acquire" && resp.StatusCode == http.StatusCreated {
+				admittedAt.Store(time.Now().UnixNano())
+			}
+			return resp, err
+		})}
+		idem := newClient(t, srv, client.WithHTTPClient(slow))
+		var cause error
+		app := newApp()
+		app.Post("/v1/reports", fibermw.New(fibermw.Config{Client: idem, TTL: time.Minute, Lease: time.Second}),
+			func(c *fiber.Ctx) error {
+				select {
+				case <-time.After(20 * time.Second):
+					return c.SendStatus(fiber.StatusCreated)
+				case <-c.UserContext().Done():
+					cause = context.Cause(c.UserContext())
+					return fiber.ErrServiceUnavailable
+				}
+			})
+		url := serve(t, app) + "/v1/reports"
+		key := uuid.NewString()
+		a := send(t, testCtx(t), "POST", url, `{}`, "Idempotency-Key", key)
+		require.Equal(t, fiber.StatusServiceUnavailable, a.Status)
+		require.ErrorIs(t, cause, client.ErrLeaseLost)
+		require.ErrorIs(t, cause, client.ErrLeaseExpired)
+		b := send(t, testCtx(t), "POST", url, `{}`, "Idempotency-Key", key)
+		require.Equal(t, fiber.StatusConflict, b.Status, b.Body)
+		require.Equal(t, fibermw.CodeOutcomeUncertain, b.Problem.Code)
 	})
 }
 
