@@ -110,6 +110,21 @@ type Operation struct {
 	// migration 00005, the rest being in its OperationCounter rows.
 	DuplicateAttempts int64
 	ConflictAttempts  int64
+	// LeaseExpiresAt is the end of the admitted attempt's lease (docs/reference.md §8): how long
+	// it may run without an outcome before it is presumed crashed and made uncertain. It is at
+	// most ExpiresAt; nil (operations written before migration 00009) means ExpiresAt.
+	LeaseExpiresAt *time.Time
+	// OnExpiry is the key's policy once the TTL is over: "readmit" or "hold_until_reconciled".
+	OnExpiry string `gorm:"default:readmit"`
+}
+
+// LeaseEnd returns the end of the operation's lease: LeaseExpiresAt, or ExpiresAt when it has
+// none (written before leases existed).
+func (o *Operation) LeaseEnd() time.Time {
+	if o.LeaseExpiresAt != nil {
+		return *o.LeaseExpiresAt
+	}
+	return o.ExpiresAt
 }
 
 // TableName pins the table name.

@@ -94,6 +94,27 @@ type AcquireInput struct {
 	CorrelationID *string
 	AttemptID     *string
 	Metadata      json.RawMessage
+	// LeaseSeconds is how long the admitted attempt may run without an outcome before it is
+	// presumed crashed (docs/reference.md §8): 1 to TTLSeconds; nil means TTLSeconds.
+	LeaseSeconds *int64
+	// OnExpiry is OnExpiryReadmit (nil means it) or OnExpiryHold.
+	OnExpiry *string
+}
+
+// leaseSeconds is in's lease in seconds: LeaseSeconds, or the TTL when absent.
+func (in *AcquireInput) leaseSeconds() int64 {
+	if in.LeaseSeconds != nil {
+		return *in.LeaseSeconds
+	}
+	return in.TTLSeconds
+}
+
+// onExpiry is in's expiry policy: OnExpiry, or OnExpiryReadmit when absent.
+func (in *AcquireInput) onExpiry() string {
+	if in.OnExpiry != nil {
+		return *in.OnExpiry
+	}
+	return OnExpiryReadmit
 }
 
 // validate checks in against docs/reference.md's limits and returns the compacted metadata. All field
@@ -122,6 +143,12 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 	if in.AttemptID != nil {
 		add("attempt_id", validateText(*in.AttemptID, MaxAttemptIDChars, false))
 	}
+	if in.LeaseSeconds != nil && (*in.LeaseSeconds < 1 || *in.LeaseSeconds > in.TTLSeconds) {
+		add("lease_seconds", "must be an integer from 1 to ttl_seconds")
+	}
+	if in.OnExpiry != nil && *in.OnExpiry != OnExpiryReadmit && *in.OnExpiry != OnExpiryHold {
+		add("on_expiry", "must be readmit or hold_until_reconciled")
+	}
 	var meta json.RawMessage
 	if in.Metadata != nil && string(in.Metadata) != "null" {
 		m, msg := validateJSON(in.Metadata, true)
@@ -142,7 +169,9 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 // in_progress: "run the effect now") for a free key or an attempt_id retry, Admitted false with
 // the holder's Operation for a duplicate (200), or an
 // error: ErrInvalidRequest with Fields, ErrFingerprintMismatch (422) for a held key with a
-// different fingerprint or operation name, ErrStoreUnavailable. Every call that passes
+// different fingerprint or operation name, ErrOutcomeUncertain with Operation set (409) for a
+// key whose operation is uncertain and still protects it (docs/reference.md §8: its lease
+// lapsed, or its policy is hold_until_reconciled), ErrStoreUnavailable. Every call that passes
 // validation is logged as an attempt in the same transaction as the decision.
 //
 // An attempt_id retry (the key held by the operation that in.AttemptID created) gets that
@@ -222,17 +251,24 @@ func (a *Admission) answer(ctx context.Context, p Principal, in AcquireInput, d 
 	case ResultConflict:
 		return nil, ErrFingerprintMismatch
 	case ResultDuplicate:
+		if answersOutcomeUncertain(&d.op) {
+			op := d.op
+			return nil, &Error{Code: CodeOutcomeUncertain, Operation: &op,
+				Message: "The key's operation has an uncertain outcome; it is not admitted again until it is reconciled or its protection ends."}
+		}
 		return &Acquisition{Admitted: false, Key: in.Key, Operation: &d.op}, nil
 	}
 	acq := &Acquisition{
-		Admitted:     true,
-		Readmitted:   d.readmitted,
-		Key:          in.Key,
-		OperationID:  d.op.ID,
-		OwnerToken:   owner,
-		FencingToken: d.op.FencingToken,
-		State:        d.op.State,
-		ExpiresAt:    d.op.ExpiresAt,
+		Admitted:       true,
+		Readmitted:     d.readmitted,
+		Key:            in.Key,
+		OperationID:    d.op.ID,
+		OwnerToken:     owner,
+		FencingToken:   d.op.FencingToken,
+		State:          d.op.State,
+		ExpiresAt:      d.op.ExpiresAt,
+		LeaseExpiresAt: d.op.LeaseExpiresAt,
+		OnExpiry:       d.op.OnExpiry,
 	}
 	if d.prev != nil && mayDuplicateEffect(d.prev.State) {
 		acq.PreviousOperation = d.prev

@@ -26,6 +26,8 @@ const (
 	CodePayloadTooLarge     = "payload_too_large"
 	CodeStoreUnavailable    = "store_unavailable"
 	CodeRateLimited         = "rate_limited"
+	CodeLeaseExpired        = "lease_expired"
+	CodeTooManyWaiters      = "too_many_waiters"
 	CodeInternal            = "internal"
 )
 
@@ -43,7 +45,10 @@ type Error struct {
 	Code    string
 	Message string
 	Fields  []FieldError
-	err     error // the cause, never shown to callers
+	// Operation is set on ErrOutcomeUncertain from an acquire: the key's uncertain operation,
+	// which the problem document carries so the caller can reconcile without another read.
+	Operation *Operation
+	err       error // the cause, never shown to callers
 }
 
 // Error returns "code: message" and, for logs only, the cause.
@@ -76,6 +81,8 @@ var (
 	ErrNotFound            = &Error{Code: CodeNotFound, Message: "Not found."}
 	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge, Message: "The payload is too large."}
 	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable, Message: "The database is unavailable; retry later."}
+	ErrLeaseExpired        = &Error{Code: CodeLeaseExpired, Message: "The lease already lapsed; the operation is uncertain and renewing cannot revive it. Nothing was changed."}
+	ErrTooManyWaiters      = &Error{Code: CodeTooManyWaiters, Message: "Too many requests are waiting on this instance; retry after Retry-After seconds."}
 	ErrRateLimited         = &Error{Code: CodeRateLimited, Message: "Too many failed authentications from your address; retry after Retry-After seconds."}
 )
 

@@ -45,14 +45,15 @@ func NewReaper(db *models.DB, log *slog.Logger, retention time.Duration) *Reaper
 // ReapResult counts what one reaper pass changed, in rows.
 type ReapResult struct {
 	HoldsExpired     int64 // expired holds cleared
-	MarkedUncertain  int64 // in_progress operations moved to uncertain (ttl_expired_without_outcome)
+	MarkedUncertain  int64 // in_progress operations moved to uncertain (ttl_ or lease_expired_without_outcome)
 	OperationsPurged int64 // ended operations older than the retention
 	AttemptsPurged   int64 // attempts of the purged operations
 	EventsPurged     int64 // events of the purged operations
 	SessionsPurged   int64 // expired dashboard sessions
 }
 
-// RunOnce makes one pass: clear every expired hold (by compare on its operation id), mark its
+// RunOnce makes one pass: mark uncertain every in_progress operation whose lease ran out
+// before its TTL (lease_expired_without_outcome; its key stays protected), clear every expired hold (by compare on its operation id), mark its
 // operation uncertain if it was still in_progress, then purge evidence of operations that ended
 // more than the retention ago, in batches. Errors: ErrStoreUnavailable or a wrapped database
 // error; work done before the error stays done.
@@ -64,6 +65,9 @@ func (r *Reaper) RunOnce(ctx context.Context) (res ReapResult, err error) {
 			r.obs.ReaperPassed(ctx, res, err)
 		}
 	}()
+	if err := r.expireLeases(ctx, &res); err != nil {
+		return res, storeError("reap leases", err)
+	}
 	if err := r.expireHolds(ctx, &res); err != nil {
 		return res, storeError("reap holds", err)
 	}
@@ -71,6 +75,46 @@ func (r *Reaper) RunOnce(ctx context.Context) (res ReapResult, err error) {
 		return res, storeError("purge evidence", err)
 	}
 	return res, nil
+}
+
+// expireLeases makes uncertain, in batches, the in_progress operations whose lease ended
+// before their TTL (docs/reference.md §8). Operations whose lease runs to the TTL are left to
+// expireHolds, which also clears their holds. Each change is a compare on state and lease, so a
+// renew or an outcome committed since the scan wins.
+func (r *Reaper) expireLeases(ctx context.Context, res *ReapResult) error {
+	for {
+		scanCtx, cancel := r.db.Bounded(ctx)
+		db := r.db.WithContext(scanCtx)
+		now, err := r.db.Now(scanCtx, db)
+		if err != nil {
+			cancel()
+			return err
+		}
+		var ops []models.Operation
+		err = db.Select("id", "tenant_id").
+			Where("state = ? AND lease_expires_at <= ? AND lease_expires_at < expires_at", StateInProgress, now).
+			Order("lease_expires_at").Limit(reapBatch).Find(&ops).Error
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, op := range ops {
+			var marked bool
+			err := r.db.Tx(ctx, func(tx *gorm.DB) (err error) {
+				marked, err = expireLease(tx, op.TenantID, op.ID, now)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if marked {
+				res.MarkedUncertain++
+			}
+		}
+		if len(ops) < reapBatch {
+			return nil
+		}
+	}
 }
 
 func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {

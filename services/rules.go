@@ -37,22 +37,88 @@ func answerOnLiveHold(h *models.Operation, in AcquireInput, apiKeyID int64) (res
 	return ResultDuplicate, false
 }
 
-// expiryDetail is the event detail of an expiry to uncertain, as every store writes it.
+// expiryReason is the reason an in_progress operation whose hold or lease ran out becomes
+// uncertain with: lease_expired_without_outcome when its lease ended before its TTL (a lease
+// shorter than the TTL, not renewed to it), ttl_expired_without_outcome otherwise. PostgreSQL's
+// acquire functions state the same rule (migration 00009).
+func expiryReason(m *models.Operation) string {
+	if m.LeaseEnd().Before(m.ExpiresAt) {
+		return ReasonLeaseExpired
+	}
+	return ReasonTTLExpired
+}
+
+// expiryDetail is the event detail of an expiry to uncertain at the end of the TTL.
 const expiryDetail = "in_progress -> uncertain: " + ReasonTTLExpired
 
-// expireToUncertain applies the expiry rule to operation opID, whose hold expired at or before
-// now: still in_progress, its outcome is unknown, so it becomes uncertain (reason
-// ttl_expired_without_outcome) with an event, in tx. It never leaves the reconciliation queue
-// by itself. The state compare makes it a no-op for an operation that has an outcome;
-// expired reports whether it changed the operation. Used by the reaper and SQLite's takeover.
+// expireToUncertain applies the expiry rule to operation opID, whose hold ran out at or
+// before now (the key row says so; its caller holds that row or the database's write lock):
+// still in_progress, its outcome is unknown, so it becomes uncertain (reason expiryReason)
+// with an event, in tx. It never leaves the reconciliation queue by itself. The state compare
+// makes it a no-op for an operation that has an outcome; expired reports whether it changed
+// the operation. Used by the reaper, renew and SQLite's acquire.
 func expireToUncertain(tx *gorm.DB, tenantID int64, opID string, now time.Time) (expired bool, err error) {
-	res := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", opID, StateInProgress).
-		Updates(map[string]any{"state": StateUncertain, "state_reason": ReasonTTLExpired})
+	return expireIf(tx, tenantID, opID, now, false)
+}
+
+// expireLease is expireToUncertain for an operation whose lease, not its hold, ran out: the
+// update also compares the lease, so a renew that committed since the caller read the
+// operation (its lease live again) wins and nothing changes.
+func expireLease(tx *gorm.DB, tenantID int64, opID string, now time.Time) (expired bool, err error) {
+	return expireIf(tx, tenantID, opID, now, true)
+}
+
+func expireIf(tx *gorm.DB, tenantID int64, opID string, now time.Time, leaseOnly bool) (bool, error) {
+	var m models.Operation
+	if err := tx.Where("id = ?", opID).Take(&m).Error; err != nil {
+		return false, err
+	}
+	if m.State != StateInProgress {
+		return false, nil
+	}
+	reason := expiryReason(&m)
+	q := tx.Model(&models.Operation{}).Where("id = ? AND state = ?", opID, StateInProgress)
+	if leaseOnly {
+		q = q.Where("(lease_expires_at IS NULL OR lease_expires_at <= ?)", now)
+	}
+	res := q.Updates(map[string]any{"state": StateUncertain, "state_reason": reason})
 	if res.Error != nil || res.RowsAffected == 0 {
 		return false, res.Error
 	}
 	return true, tx.Create(&models.Event{OperationID: opID, TenantID: tenantID, Kind: EventStateChanged,
-		Actor: ActorSystem, Detail: expiryDetail, CreatedAt: now}).Error
+		Actor: ActorSystem, Detail: "in_progress -> uncertain: " + reason, CreatedAt: now}).Error
+}
+
+// leaseLapsed reports whether in_progress operation m's lease ran out at now without an
+// outcome: it is then presumed crashed and becomes uncertain, while its key stays protected
+// until the TTL (docs/reference.md §8).
+func leaseLapsed(m *models.Operation, now time.Time) bool {
+	return m.State == StateInProgress && !m.LeaseEnd().After(now)
+}
+
+// holdsUntilReconciled reports whether operation m, the newest of its key, keeps the key from
+// being admitted again after its TTL: its policy is hold_until_reconciled and it is not
+// reconciled to failed (or released). An in_progress one is first made uncertain; an
+// uncertain one answers 409 outcome_uncertain; a succeeded one answers duplicates with its
+// outcome, past the TTL too (docs/reference.md §8).
+func holdsUntilReconciled(m *models.Operation) bool {
+	if m.OnExpiry != OnExpiryHold {
+		return false
+	}
+	switch m.State {
+	case StateInProgress, StateUncertain, StateSucceeded:
+		return true
+	}
+	return false
+}
+
+// answersOutcomeUncertain reports whether a duplicate acquire answered about op is refused
+// with 409 outcome_uncertain (with the operation) instead of 200: op is uncertain because its
+// lease lapsed, or its policy is hold_until_reconciled. An operation its owner reported
+// uncertain under the readmit policy is answered 200, as before leases.
+func answersOutcomeUncertain(op *Operation) bool {
+	return op.State == StateUncertain &&
+		(op.OnExpiry == OnExpiryHold || (op.StateReason != nil && *op.StateReason == ReasonLeaseExpired))
 }
 
 // duplicateEffectStates are the states in which an operation's effect may have happened:

@@ -81,6 +81,10 @@ func operationFromModel(m *models.Operation, held bool) Operation {
 		Metadata: rawJSON(m.Metadata), AcquiredAt: m.AcquiredAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Held: held,
 		ReleasedAt: utcPtr(m.ReleasedAt), ReleaseReason: m.ReleaseReason,
 		DuplicateAttempts: m.DuplicateAttempts, ConflictAttempts: m.ConflictAttempts,
+		LeaseExpiresAt: m.LeaseEnd().UTC(), OnExpiry: m.OnExpiry,
+	}
+	if op.OnExpiry == "" {
+		op.OnExpiry = OnExpiryReadmit
 	}
 	if m.OutcomeStatus != nil {
 		op.Outcome = &Outcome{Status: *m.OutcomeStatus, Receipt: m.OutcomeReceipt, Response: rawJSON(m.OutcomeResponse),

@@ -64,9 +64,11 @@ ins AS (
   RETURNING acquired_at, expires_at
 ), op AS (
   INSERT INTO operations (id, tenant_id, key, operation_name, fingerprint, correlation_id, attempt_id, api_key_id,
-                          metadata, state, fencing_token, owner_token_hash, acquired_at, expires_at)
+                          metadata, state, fencing_token, owner_token_hash, acquired_at, expires_at,
+                          lease_expires_at, on_expiry)
   SELECT $10::uuid, $1, $2, $4, $5, $6, $8, $12::bigint, $7::json,
-         'in_progress', 1, $11, acquired_at, expires_at FROM ins
+         'in_progress', 1, $11, acquired_at, expires_at, acquired_at + make_interval(secs => $14::integer),
+         $15::text FROM ins
   RETURNING *
 ), att AS (
   INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name, fingerprint,
@@ -82,11 +84,13 @@ SELECT 'admitted' AS result, false AS readmitted, op.acquired_at AS db_now, NULL
        op.expires_at AS op_expires_at, NULL::text AS op_outcome_status, NULL::text AS op_outcome_receipt,
        NULL::json AS op_outcome_response, NULL::text AS op_outcome_note, NULL::text AS op_outcome_by,
        NULL::timestamptz AS op_outcome_at, NULL::timestamptz AS op_released_at, NULL::text AS op_release_reason,
-       0::bigint AS op_duplicate_attempts, 0::bigint AS op_conflict_attempts
+       0::bigint AS op_duplicate_attempts, 0::bigint AS op_conflict_attempts,
+       op.lease_expires_at AS op_lease_expires_at, op.on_expiry AS op_on_expiry
   FROM op
 UNION ALL
 SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::text, $7::json,
-                                 $8::text, $9::text, $10::uuid, $11::text, $12::bigint) f
+                                 $8::text, $9::text, $10::uuid, $11::text, $12::bigint, $14::integer,
+                                 $15::text) f
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (s *pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
@@ -113,10 +117,11 @@ func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs, lockTimeout s
 	return row.decision(), nil
 }
 
-// acquireBatchSQL decides a batch with idemgate_acquire_batch (migrations 00006, 00007): one
+// acquireBatchSQL decides a batch with idemgate_acquire_batch (migrations 00006 to 00009): one
 // statement, items in order.
 const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
-  $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::text)`
+  $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[],
+  $14::integer[], $15::text[], $13::text)`
 
 func (s *pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error) {
 	return s.acquireMany(ctx, as, "")
@@ -138,14 +143,16 @@ func (s *pgStore) acquireMany(ctx context.Context, as []acquireArgs, lockTimeout
 	return nil, err
 }
 
-// batchArgs is acquireBatchSQL's 13 arguments for as: one array per parameter of a single
-// acquire, then the lock timeout (NULL when "").
+// batchArgs is acquireBatchSQL's 15 arguments for as: one array per parameter of a single
+// acquire, the lock timeout (NULL when "") as $13, then the leases and expiry policies.
 func batchArgs(as []acquireArgs, lockTimeout string) []any {
 	n := len(as)
 	tenants, keys, ttls := make([]int64, n), make([]string, n), make([]int32, n)
 	names, fps, corrs, metas, atts := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 	callers, opIDs, owners, apiKeys := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
+	leases, policies := make([]int32, n), make([]string, n)
 	for i, a := range as {
+		leases[i], policies[i] = int32(a.in.leaseSeconds()), a.in.onExpiry()
 		tenants[i], keys[i], ttls[i] = a.p.TenantID, a.in.Key, int32(a.in.TTLSeconds)
 		names[i], fps[i], corrs[i], metas[i], atts[i] = a.in.Operation, a.in.Fingerprint, a.in.CorrelationID, jsonArg(a.meta), a.in.AttemptID
 		callers[i], opIDs[i], owners[i], apiKeys[i] = a.p.Prefix, a.opID, a.ownerHash, a.p.APIKeyID
@@ -154,7 +161,7 @@ func batchArgs(as []acquireArgs, lockTimeout string) []any {
 	if lockTimeout != "" {
 		lt = &lockTimeout
 	}
-	return []any{tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt}
+	return []any{tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt, leases, policies}
 }
 
 func (s *pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]decision, error) {
@@ -173,7 +180,7 @@ func (s *pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]d
 			&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
 			&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
 			&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
-			&row.OpDuplicateAttempts, &row.OpConflictAttempts); err != nil {
+			&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry); err != nil {
 			return nil, err
 		}
 		if ord < 1 || int(ord) > n {
@@ -215,13 +222,14 @@ func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, lockTimeout st
 		lt = &lockTimeout
 	}
 	return s.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
-		in.CorrelationID, jsonArg(a.meta), in.AttemptID, p.Prefix, a.opID, a.ownerHash, p.APIKeyID, lt).Scan(
+		in.CorrelationID, jsonArg(a.meta), in.AttemptID, p.Prefix, a.opID, a.ownerHash, p.APIKeyID, lt,
+		in.leaseSeconds(), in.onExpiry()).Scan(
 		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
 		&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
 		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
 		&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
 		&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
-		&row.OpDuplicateAttempts, &row.OpConflictAttempts)
+		&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry)
 }
 
 // acquireRow is the row acquireSQL returns, in the column order of the idemgate_acquire
@@ -256,6 +264,8 @@ type acquireRow struct {
 	OpReleaseReason     *string
 	OpDuplicateAttempts int64
 	OpConflictAttempts  int64
+	OpLeaseExpiresAt    *time.Time
+	OpOnExpiry          *string
 }
 
 // decision is the row as a store's answer.
@@ -277,7 +287,13 @@ func (r *acquireRow) operation() Operation {
 		Fingerprint: r.OpFingerprint, Metadata: rawJSON(r.OpMetadata), AcquiredAt: r.OpAcquiredAt.UTC(),
 		ExpiresAt: r.OpExpiresAt.UTC(), Held: true, ReleasedAt: utcPtr(r.OpReleasedAt),
 		ReleaseReason: r.OpReleaseReason, DuplicateAttempts: r.OpDuplicateAttempts,
-		ConflictAttempts: r.OpConflictAttempts,
+		ConflictAttempts: r.OpConflictAttempts, LeaseExpiresAt: r.OpExpiresAt.UTC(), OnExpiry: OnExpiryReadmit,
+	}
+	if r.OpLeaseExpiresAt != nil {
+		op.LeaseExpiresAt = r.OpLeaseExpiresAt.UTC()
+	}
+	if r.OpOnExpiry != nil {
+		op.OnExpiry = *r.OpOnExpiry
 	}
 	if r.OpOutcomeStatus != nil {
 		op.Outcome = &Outcome{

@@ -70,8 +70,10 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			ID: a.opID, TenantID: p.TenantID, Key: in.Key, OperationName: in.Operation,
 			Fingerprint: in.Fingerprint, CorrelationID: in.CorrelationID, AttemptID: in.AttemptID,
 			APIKeyID: &p.APIKeyID, Metadata: jsonArg(a.meta), State: StateInProgress, OwnerTokenHash: a.ownerHash,
-			AcquiredAt: now, ExpiresAt: expires,
+			AcquiredAt: now, ExpiresAt: expires, OnExpiry: in.onExpiry(),
 		}
+		lease := now.Add(time.Duration(in.leaseSeconds()) * time.Second)
+		newOp.LeaseExpiresAt = &lease
 		opID := newOp.ID
 		var k models.IdemKey
 		err := tx.Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
@@ -94,6 +96,16 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			if err := tx.Where("id = ?", *k.HolderOperationID).Take(&h).Error; err != nil {
 				return err
 			}
+			if leaseLapsed(&h, now) {
+				// docs/reference.md §8: the lease ran out without an outcome; uncertain now,
+				// the key still protected until its TTL.
+				if _, err := expireLease(tx, p.TenantID, h.ID, now); err != nil {
+					return err
+				}
+				if err := tx.Where("id = ?", h.ID).Take(&h).Error; err != nil {
+					return err
+				}
+			}
 			newOp = h
 			d.result, d.readmitted = answerOnLiveHold(&h, in, p.APIKeyID)
 			update := map[string]any{}
@@ -104,6 +116,24 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 				update["conflict_attempts"] = gorm.Expr("conflict_attempts + 1")
 			default:
 				update["duplicate_attempts"] = gorm.Expr("duplicate_attempts + 1")
+			}
+			if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(update).Error; err != nil {
+				return err
+			}
+		case holdsAfterTTL(tx, k.LastOperationID, &newOp):
+			// docs/reference.md §8: hold_until_reconciled keeps the key past its TTL until the
+			// operation is reconciled; answered about that operation, never admitted.
+			h := newOp
+			if h.State == StateInProgress {
+				if _, err := expireToUncertain(tx, p.TenantID, h.ID, now); err != nil {
+					return err
+				}
+			}
+			d.result = ResultDuplicate
+			update := map[string]any{"duplicate_attempts": gorm.Expr("duplicate_attempts + 1")}
+			if !sameOptional(h.OperationName, in.Operation) || !sameOptional(h.Fingerprint, in.Fingerprint) {
+				d.result = ResultConflict
+				update = map[string]any{"conflict_attempts": gorm.Expr("conflict_attempts + 1")}
 			}
 			if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(update).Error; err != nil {
 				return err
@@ -148,4 +178,17 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 		return nil
 	}()
 	return d, err
+}
+
+// holdsAfterTTL reports whether the key whose newest operation is lastID is kept from a new
+// admission after its TTL by that operation's hold_until_reconciled policy (holdsUntilReconciled);
+// if so, *into is that operation. A lookup error counts as not held: the takeover that follows
+// reads the same row and reports it.
+func holdsAfterTTL(tx *gorm.DB, lastID string, into *models.Operation) bool {
+	var m models.Operation
+	if err := tx.Where("id = ?", lastID).Take(&m).Error; err != nil || !holdsUntilReconciled(&m) {
+		return false
+	}
+	*into = m
+	return true
 }

@@ -48,6 +48,10 @@ type Operation struct {
 	ReleaseReason     *string
 	DuplicateAttempts int64
 	ConflictAttempts  int64
+	// LeaseExpiresAt is when the attempt's lease ends (docs/reference.md §8), at most
+	// ExpiresAt; OnExpiry is the key's policy after the TTL (OnExpiryReadmit or OnExpiryHold).
+	LeaseExpiresAt time.Time
+	OnExpiry       string
 }
 
 // PreviousOperation summarises the key's previous operation when it did not end cleanly
@@ -73,6 +77,8 @@ type Acquisition struct {
 	FencingToken      int64
 	State             string
 	ExpiresAt         time.Time
+	LeaseExpiresAt    time.Time
+	OnExpiry          string
 	PreviousOperation *PreviousOperation
 	Operation         *Operation
 }

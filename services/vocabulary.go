@@ -33,4 +33,17 @@ const (
 	EventReleased     = "released"
 	ActorSystem       = "system"
 	ReasonTTLExpired  = "ttl_expired_without_outcome"
+	// ReasonLeaseExpired is the reason of an operation made uncertain because its lease ran
+	// out before its TTL without an outcome (docs/reference.md §8).
+	ReasonLeaseExpired = "lease_expired_without_outcome"
+)
+
+// Expiry policies: what a key does once its TTL is over while its newest operation has no
+// reconciled outcome (docs/reference.md §8 "on_expiry").
+const (
+	// OnExpiryReadmit: after the TTL a new attempt is admitted and told previous_operation.
+	OnExpiryReadmit = "readmit"
+	// OnExpiryHold: a key whose operation is uncertain (or succeeded) is never admitted again
+	// until an operator reconciles it to failed; uncertain answers 409 outcome_uncertain.
+	OnExpiryHold = "hold_until_reconciled"
 )

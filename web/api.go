@@ -49,6 +49,7 @@ func decodeAcquire(body []byte) (services.AcquireInput, error) {
 	return services.AcquireInput{
 		Key: *req.Key, TTLSeconds: *req.TTLSeconds, Operation: req.Operation, Fingerprint: req.Fingerprint,
 		CorrelationID: req.CorrelationID, AttemptID: req.AttemptID, Metadata: nullIsAbsent(req.Metadata),
+		LeaseSeconds: req.LeaseSeconds, OnExpiry: req.OnExpiry,
 	}, nil
 }
 
@@ -59,7 +60,8 @@ func acquireAnswer(acq *services.Acquisition) (int, any) {
 		return fiber.StatusOK, duplicateResponse{Admitted: false, Key: acq.Key, Operation: toOperationDTO(acq.Operation)}
 	}
 	resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
-		FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt}
+		FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt,
+		LeaseExpiresAt: acq.LeaseExpiresAt, OnExpiry: acq.OnExpiry}
 	if po := acq.PreviousOperation; po != nil {
 		resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
 		if po.OutcomeStatus != nil {
@@ -131,6 +133,46 @@ func handleOutcome(adm *services.Admission) fiber.Handler {
 			return err
 		}
 		return c.JSON(toOperationDTO(op))
+	}
+}
+
+// decodeRenew reads a renew body (docs/reference.md §8): strictly decoded, owner_token and
+// lease_seconds required. Errors are services.ErrInvalidRequest.
+func decodeRenew(body []byte) (services.RenewInput, error) {
+	var req renewRequest
+	if err := decodeJSON(body, &req); err != nil {
+		return services.RenewInput{}, err
+	}
+	var missing []string
+	if req.OwnerToken == nil {
+		missing = append(missing, "owner_token")
+	}
+	if req.LeaseSeconds == nil {
+		missing = append(missing, "lease_seconds")
+	}
+	if len(missing) > 0 {
+		return services.RenewInput{}, required(missing...)
+	}
+	in := services.RenewInput{OwnerToken: *req.OwnerToken, LeaseSeconds: *req.LeaseSeconds}
+	if req.ExtendTTL != nil {
+		in.ExtendTTL = *req.ExtendTTL
+	}
+	return in, nil
+}
+
+// handleRenew is POST /v1/operations/{id}/renew: the owner's heartbeat.
+func handleRenew(adm *services.Admission) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		in, err := decodeRenew(c.Body())
+		if err != nil {
+			return err
+		}
+		r, err := adm.Renew(c.UserContext(), principal(c), c.Params("id"), in)
+		if err != nil {
+			return err
+		}
+		return c.JSON(renewResponse{OperationID: r.OperationID, LeaseExpiresAt: r.LeaseExpiresAt,
+			ExpiresAt: r.ExpiresAt, FencingToken: r.FencingToken})
 	}
 }
 

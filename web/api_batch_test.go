@@ -93,7 +93,7 @@ func (n normalizer) value(v any) any {
 					out[k] = n[s]
 					continue
 				}
-			case "owner_token", "expires_at", "acquired_at", "request_id":
+			case "owner_token", "expires_at", "acquired_at", "request_id", "lease_expires_at":
 				if e != nil {
 					out[k] = "<" + k + ">"
 					continue

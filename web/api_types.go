@@ -18,6 +18,23 @@ type acquireRequest struct {
 	CorrelationID *string         `json:"correlation_id"`
 	AttemptID     *string         `json:"attempt_id"`
 	Metadata      json.RawMessage `json:"metadata"`
+	LeaseSeconds  *int64          `json:"lease_seconds"`
+	OnExpiry      *string         `json:"on_expiry"`
+}
+
+// renewRequest is the body of POST /v1/operations/{id}/renew (docs/reference.md §8).
+type renewRequest struct {
+	OwnerToken   *string `json:"owner_token"`
+	LeaseSeconds *int64  `json:"lease_seconds"`
+	ExtendTTL    *bool   `json:"extend_ttl"`
+}
+
+// renewResponse is the 200 answer to a renew: the new lease end and protection window.
+type renewResponse struct {
+	OperationID    string    `json:"operation_id"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	ExpiresAt      time.Time `json:"expires_at"`
+	FencingToken   int64     `json:"fencing_token"`
 }
 
 type releaseRequest struct {
@@ -43,6 +60,8 @@ type admittedResponse struct {
 	FencingToken      int64                 `json:"fencing_token"`
 	State             string                `json:"state"`
 	ExpiresAt         time.Time             `json:"expires_at"`
+	LeaseExpiresAt    time.Time             `json:"lease_expires_at"`
+	OnExpiry          string                `json:"on_expiry"`
 	PreviousOperation *previousOperationDTO `json:"previous_operation,omitempty"`
 }
 
@@ -89,6 +108,8 @@ type operationDTO struct {
 	ReleaseReason     *string         `json:"release_reason"`
 	DuplicateAttempts int64           `json:"duplicate_attempts"`
 	ConflictAttempts  int64           `json:"conflict_attempts"`
+	LeaseExpiresAt    time.Time       `json:"lease_expires_at"`
+	OnExpiry          string          `json:"on_expiry"`
 }
 
 // queuedOperationDTO is one item of the reconciliation queue: the operation object plus the
@@ -164,7 +185,7 @@ func toOperationDTO(o *services.Operation) operationDTO {
 		FencingToken: o.FencingToken, CorrelationID: o.CorrelationID, Fingerprint: o.Fingerprint,
 		Metadata: o.Metadata, AcquiredAt: o.AcquiredAt, ExpiresAt: o.ExpiresAt, Held: o.Held,
 		ReleasedAt: o.ReleasedAt, ReleaseReason: o.ReleaseReason, DuplicateAttempts: o.DuplicateAttempts,
-		ConflictAttempts: o.ConflictAttempts,
+		ConflictAttempts: o.ConflictAttempts, LeaseExpiresAt: o.LeaseExpiresAt, OnExpiry: o.OnExpiry,
 	}
 	if d.Metadata == nil {
 		d.Metadata = json.RawMessage("null")

@@ -23,6 +23,9 @@ type problem struct {
 	Code      string         `json:"code"`
 	Errors    []problemField `json:"errors,omitempty"`
 	RequestID string         `json:"request_id,omitempty"`
+	// Operation is the key's uncertain operation on an acquire's 409 outcome_uncertain
+	// (docs/reference.md §8), in the shape of GET /v1/operations/{id}.
+	Operation *operationDTO `json:"operation,omitempty"`
 }
 
 type problemField struct {
@@ -45,12 +48,18 @@ var statusByCode = map[string]int{
 	services.CodeStoreUnavailable:    http.StatusServiceUnavailable,
 	services.CodeRateLimited:         http.StatusTooManyRequests,
 	services.CodeInternal:            http.StatusInternalServerError,
+	services.CodeLeaseExpired:        http.StatusConflict,
+	services.CodeTooManyWaiters:      http.StatusServiceUnavailable,
 }
 
 // outcomeRoute is the one route where not_owner is 403 rather than 409: docs/reference.md §4 has a wrong
 // owner token on an outcome answered 403 "whatever else is wrong", while on release it is a
 // conflict with the current hold.
 const outcomeRoute = "/v1/operations/:id/outcome"
+
+// renewRoute is POST /v1/operations/{id}/renew, where a wrong owner token is 403 as on an
+// outcome (docs/reference.md §8).
+const renewRoute = "/operations/:id/renew"
 
 // retryAfterSeconds is sent with 503 store_unavailable.
 const retryAfterSeconds = "2"
@@ -92,7 +101,7 @@ func toDomainError(err error, bodyLimit int) (*services.Error, bool) {
 }
 
 func statusFor(c *fiber.Ctx, de *services.Error) int {
-	if de.Code == services.CodeNotOwner && c.Route().Path == outcomeRoute {
+	if de.Code == services.CodeNotOwner && (c.Route().Path == outcomeRoute || c.Route().Path == "/v1"+renewRoute) {
 		return http.StatusForbidden
 	}
 	if s, ok := statusByCode[de.Code]; ok {
@@ -161,6 +170,10 @@ func newProblem(status int, de *services.Error, rid string) problem {
 		Code: de.Code, RequestID: rid}
 	for _, f := range de.Fields {
 		p.Errors = append(p.Errors, problemField{Field: f.Field, Message: f.Message})
+	}
+	if de.Operation != nil {
+		op := toOperationDTO(de.Operation)
+		p.Operation = &op
 	}
 	return p
 }

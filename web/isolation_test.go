@@ -178,6 +178,10 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				{"/v1/operations/" + uncertainID + "/outcome", apiCall("POST", map[string]any{"owner_token": w.held.OwnerToken,
 					"status": "failed"}, 404, "not_found")},
 			},
+			"POST /v1/operations/:id/renew": {
+				{"/v1/operations/" + heldID + "/renew", apiCall("POST", map[string]any{"owner_token": w.held.OwnerToken,
+					"lease_seconds": 30}, 404, "not_found")},
+			},
 			"GET /v1/operations/:id": {
 				{"/v1/operations/" + heldID, apiCall("GET", nil, 404, "not_found")},
 				{"/v1/operations/" + uncertainID, apiCall("GET", nil, 404, "not_found")},

@@ -92,6 +92,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 		`POST /v1/acquire\:batch`:         {path: "/v1/acquire:batch"},
 		"POST /v1/release":                {path: "/v1/release"},
 		"POST /v1/operations/:id/outcome": {path: "/v1/operations/" + w.opID + "/outcome", pathParams: []string{w.opID}},
+		"POST /v1/operations/:id/renew":   {path: "/v1/operations/" + w.opID + "/renew", pathParams: []string{w.opID}},
 		"GET /v1/operations/:id":          {path: "/v1/operations/" + w.opID, pathParams: []string{w.opID}},
 		"GET /v1/keys": {path: "/v1/keys", query: q("state", "in_progress", "operation", "charge", "prefix", "sweep",
 			"limit", "10", "cursor", "")},

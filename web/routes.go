@@ -28,6 +28,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Post(batchRoute, handleAcquireBatch(s.adm)) // POST /v1/acquire:batch (api_batch.go)
 	v1.Post("/release", handleRelease(s.adm))
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
+	v1.Post(renewRoute, handleRenew(s.adm))
 	v1.Get("/operations", handleListOperations(s.reads))
 	v1.Get("/operations/:id", handleGetOperation(s.reads))
 	v1.Get("/keys", handleListKeys(s.reads))
