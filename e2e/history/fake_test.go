@@ -326,7 +326,6 @@ func runFake(t *testing.T, broken string) porcupine.CheckResult {
 	srv := httptest.NewServer(newFakeServer(broken))
 	defer srv.Close()
 	w := newWorkload([]string{srv.URL}, "fake", 3*time.Second)
-	w.leases = true
 	_, history := w.run(t)
 	res, _ := check(t, modelOptions{}, history, 30*time.Second)
 	return res

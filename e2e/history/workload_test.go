@@ -70,7 +70,7 @@ func newWorkload(urls []string, prefix string, duration time.Duration) *workload
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%s:key/%d", prefix, i)
 	}
-	return &workload{urls: urls, keys: keys, clients: 16, duration: duration, batches: true,
+	return &workload{urls: urls, keys: keys, clients: 16, duration: duration, batches: true, leases: true,
 		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 }
 
