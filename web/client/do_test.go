@@ -293,3 +293,37 @@ func TestDoUnreachableRenewsCancelFnAtLeaseEnd(t *testing.T) {
 		require.Equal(t, client.StateUncertain, res.Operation.State)
 	})
 }
+
+func TestDoConcurrentCallersRunOnce(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		req := client.AcquireRequest{Key: uniqueKey("herd"), TTL: time.Minute, Lease: 2 * time.Second}
+		var runs atomic.Int64
+		const callers = 8
+		results := make([]client.Result, callers)
+		errs := make([]error, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			c := newClient(t, srv)
+			wg.Go(func() {
+				results[i], errs[i] = c.Do(ctx(t), req, func(fctx context.Context, lease client.Lease) (client.Outcome, error) {
+					runs.Add(1)
+					hold(fctx, 300*time.Millisecond) // long enough for the others to arrive
+					return client.Outcome{Receipt: "r-1", Response: json.RawMessage(`{"n":1}`)}, nil
+				})
+			})
+		}
+		wg.Wait()
+		require.EqualValues(t, 1, runs.Load(), "one caller ran fn")
+		ran := 0
+		for i := range callers {
+			require.NoError(t, errs[i])
+			if results[i].Ran {
+				ran++
+			}
+			require.Equal(t, client.StateSucceeded, results[i].Operation.State)
+			require.Equal(t, "r-1", results[i].Outcome.Receipt)
+			require.JSONEq(t, `{"n":1}`, string(results[i].Outcome.Response))
+		}
+		require.Equal(t, 1, ran)
+	})
+}
