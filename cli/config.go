@@ -36,6 +36,15 @@ type Config struct {
 	// [::1]:6060, localhost:6060) where Go's profiler (net/http/pprof, /debug/pprof/) is served
 	// on a listener of its own, with block and mutex profiling sampled. Default none: off.
 	PprofAddr string
+	// MaxWaiters is IDEMGATE_MAX_WAITERS: how many GET /v1/operations/{id}?wait= requests one
+	// instance lets wait at once (docs/reference.md §8), default 1000; one more is 503
+	// too_many_waiters.
+	MaxWaiters int
+	// ListenDatabaseURL is IDEMGATE_LISTEN_DATABASE_URL: the PostgreSQL URL of the one LISTEN
+	// connection that tells waiting requests of outcomes, default DATABASE_URL. Point it at
+	// PostgreSQL directly when DATABASE_URL goes through PgBouncer in transaction mode, where
+	// LISTEN does not work (waiters then rely on polling).
+	ListenDatabaseURL string
 }
 
 // DefaultStoreTimeout is IDEMGATE_STORE_TIMEOUT's default: the longest a request waits on the
@@ -101,6 +110,15 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("IDEMGATE_GROUP_ADMISSION=%q: want true or false", v))
 		}
 		c.GroupAdmission = b
+	}
+	c.ListenDatabaseURL = or(getenv("IDEMGATE_LISTEN_DATABASE_URL"), c.DatabaseURL)
+	c.MaxWaiters = services.DefaultMaxWaiters
+	if v := getenv("IDEMGATE_MAX_WAITERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000000 {
+			errs = append(errs, fmt.Errorf("IDEMGATE_MAX_WAITERS=%q: want an integer from 1 to 1000000", v))
+		}
+		c.MaxWaiters = n
 	}
 	c.DBMaxConns = 16
 	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {

@@ -58,12 +58,16 @@ func serve(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
+	awaiter := services.NewAwaiter(db, services.AwaiterConfig{MaxWaiters: cfg.MaxWaiters, ListenURL: cfg.ListenDatabaseURL, Log: log})
+	awaitCtx, stopAwait := context.WithCancel(context.Background())
+	defer stopAwait()
+	go awaiter.Run(awaitCtx)
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
 		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
-		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
+		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout, Awaiter: awaiter,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()

@@ -225,9 +225,22 @@ func handleListKeys(reads *services.Reads) fiber.Handler {
 	}
 }
 
-func handleGetOperation(reads *services.Reads) fiber.Handler {
+// handleGetOperation is GET /v1/operations/{id}, with ?wait= a long poll (docs/reference.md
+// §8): the Awaiter answers as soon as the operation leaves in_progress, or at the wait's end.
+func handleGetOperation(reads *services.Reads, aw *services.Awaiter) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		d, err := reads.GetOperation(c.UserContext(), principal(c).TenantID, c.Params("id"))
+		wait, err := parseWait(c.Query("wait"))
+		if err != nil {
+			return err
+		}
+		var d *services.OperationDetail
+		if wait > 0 && aw != nil {
+			ctx, cancel := waitContext(c)
+			d, err = aw.Wait(ctx, principal(c).TenantID, c.Params("id"), wait)
+			cancel()
+		} else {
+			d, err = reads.GetOperation(c.UserContext(), principal(c).TenantID, c.Params("id"))
+		}
 		if err != nil {
 			return err
 		}

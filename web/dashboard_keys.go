@@ -224,6 +224,16 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 			r.Conflicts = "+" + strconv.FormatInt(op.ConflictAttempts, 10) + " conflicts"
 		}
 	}
+	if op != nil {
+		r.Hold = op.OnExpiry == services.OnExpiryHold
+		if op.State == services.StateInProgress && op.LeaseExpiresAt.Before(op.ExpiresAt) {
+			if left := op.LeaseExpiresAt.Sub(now); left > 0 {
+				r.Lease = "lease expires " + formatTTL(left)
+			} else {
+				r.Lease = "lease lapsed"
+			}
+		}
+	}
 	switch hold, left := v.HoldAt(now); hold {
 	case services.HoldLive:
 		r.TTL, r.TTLKind, r.TTLMillis = formatTTL(left), views.TTLLive, strconv.FormatInt(left.Milliseconds(), 10)

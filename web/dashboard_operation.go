@@ -223,6 +223,11 @@ func operationProps(nav views.Nav, d *services.OperatorOperation) views.Operatio
 	}
 	v.AcquiredAt, v.AcquiredISO = opPageTime(d.AcquiredAt)
 	v.ExpiresAt, v.ExpiresISO = opPageTime(d.ExpiresAt)
+	v.LeaseExpiresAt, v.LeaseExpiresISO = opPageTime(d.LeaseExpiresAt)
+	v.OnExpiry = "readmit after the TTL"
+	if d.OnExpiry == services.OnExpiryHold {
+		v.OnExpiry = "hold until reconciled"
+	}
 	if d.ReleasedAt != nil {
 		v.ReleasedAt, v.ReleasedISO = opPageTime(*d.ReleasedAt)
 	}

@@ -40,7 +40,12 @@ func testConfig(t *testing.T, db *models.DB, log *slog.Logger) Config {
 	if err != nil {
 		t.Fatalf("sql DB: %v", err)
 	}
+	aw := services.NewAwaiter(db, services.AwaiterConfig{Log: log})
+	ctx, stop := context.WithCancel(context.Background())
+	go aw.Run(ctx)
+	t.Cleanup(stop)
 	return Config{
+		Awaiter:        aw,
 		Admission:      services.NewAdmission(db, log, 0).WithGroupAdmission(true),
 		Reads:          services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db),

@@ -30,7 +30,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Post("/operations/:id/outcome", handleOutcome(s.adm))
 	v1.Post(renewRoute, handleRenew(s.adm))
 	v1.Get("/operations", handleListOperations(s.reads))
-	v1.Get("/operations/:id", handleGetOperation(s.reads))
+	v1.Get("/operations/:id", handleGetOperation(s.reads, s.awaiter))
 	v1.Get("/keys", handleListKeys(s.reads))
 	v1.Get("/keys/*", handleGetKey(s.reads))
 	v1.Get("/attempts", handleListAttempts(s.reads))

@@ -66,6 +66,11 @@ type Config struct {
 	// made acquires wait for connections, so an export beyond the cap is answered 429 with
 	// Retry-After at once instead of queueing on the pool.
 	MaxConcurrentExports int
+	// Awaiter lets GET /v1/operations/{id}?wait= wait for an outcome without holding a
+	// database connection (docs/reference.md §8). Its Run must be running; Shutdown closes it,
+	// so waiting requests answer at once instead of holding up the shutdown. Nil (tools and
+	// tests that never wait): wait is validated and the operation read at once.
+	Awaiter *services.Awaiter
 }
 
 // exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
@@ -115,6 +120,8 @@ type Server struct {
 	exports chan struct{}
 	// authFails counts failed API-key authentications per client address (security.go).
 	authFails *authFailureLimiter
+	// awaiter serves waiting operation reads (Config.Awaiter).
+	awaiter *services.Awaiter
 }
 
 // New builds the Fiber application with every route of routes.go.
@@ -127,7 +134,7 @@ func New(cfg Config) *Server {
 		}
 	}
 	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
-		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout}
+		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
 	}
@@ -192,7 +199,13 @@ func (s *Server) Observer() services.Observer { return s.metrics }
 func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 
 // Shutdown stops accepting connections and waits for in-flight requests until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
+// Waiting operation reads are released first: they answer with the operation's state now.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.awaiter != nil {
+		s.awaiter.Close()
+	}
+	return s.app.ShutdownWithContext(ctx)
+}
 
 func (s *Server) handleHealthz(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"status": "ok"})

@@ -61,7 +61,9 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		return nil, nil, err
 	}
 	auth := services.NewAuth(db, log)
+	awaiter := services.NewAwaiter(db, services.AwaiterConfig{Log: log})
 	srv := web.New(web.Config{
+		Awaiter:        awaiter,
 		Admission:      services.NewAdmission(db, log, 0),
 		Reads:          services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db),
@@ -76,6 +78,8 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	awaitCtx, stopAwait := context.WithCancel(context.Background())
+	go awaiter.Run(awaitCtx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -86,6 +90,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
+		stopAwait()
 	}
 	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Auth: auth}
 	if s.APIKey, err = s.createAPIKey(); err != nil {
