@@ -7,8 +7,9 @@
 // check-then-insert acquire, a release without the owner compare, a renew without the owner
 // check, or a hold_until_reconciled that re-admits after the TTL, where porcupine must report
 // a violation. The workload (workload_test.go) sends lease_seconds, acquires its last key with
-// on_expiry hold_until_reconciled, renews, and lets one admission in four "crash": its client
-// goes quiet for 2–3 s (the lease lapses) and then reconciles it. Run it with
+// on_expiry hold_until_reconciled, renews, and lets one admission in four (and every one of
+// the hold key) "crash": its client goes quiet for 2–3 s (the lease lapses) and then
+// reconciles it. Run it with
 //
 //	go test ./e2e/history/ -count=1 -v
 //	VERIFY_DURATION=5m go test ./e2e/history/ -count=1 -v -timeout 30m
