@@ -169,3 +169,40 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+func TestWaitAndReplayRunsAgainAfterNoEffect(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		idem := newClient(t, srv)
+		var runs atomic.Int64
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		app := newApp()
+		app.Post("/v1/charges", fibermw.New(fibermw.Config{Client: idem, Wait: 30 * time.Second}), func(c *fiber.Ctx) error {
+			if runs.Add(1) == 1 {
+				entered <- struct{}{}
+				<-release
+				fibermw.NoEffect(c) // declined before anything happened
+				return c.Status(fiber.StatusPaymentRequired).JSON(fiber.Map{"error": "declined"})
+			}
+			return c.Status(fiber.StatusCreated).JSON(fiber.Map{"charge": "ch_2"})
+		})
+		url := serve(t, app) + "/v1/charges"
+		key := uuid.NewString()
+
+		var wg sync.WaitGroup
+		var first, second answer
+		wg.Go(func() { first = send(t, testCtx(t), "POST", url, chargeBody, "Idempotency-Key", key) })
+		<-entered
+		wg.Go(func() { second = send(t, testCtx(t), "POST", url, chargeBody, "Idempotency-Key", key) })
+		waitUntil(t, "the duplicate attempt", func() bool {
+			page, err := idem.ListAttempts(testCtx(t), client.ListAttemptsOptions{
+				Key: "POST /v1/charges|" + key, Result: client.ResultDuplicate})
+			return err == nil && len(page.Items) > 0
+		})
+		close(release)
+		wg.Wait()
+		require.Equal(t, fiber.StatusPaymentRequired, first.Status)
+		require.Equal(t, fiber.StatusCreated, second.Status, "the waiter ran the handler itself: %s", second.Body)
+		require.False(t, second.replayed())
+		require.EqualValues(t, 2, runs.Load())
+	})
+}
