@@ -145,3 +145,27 @@ func FuzzParseRetryAfter(f *testing.F) {
 		require.LessOrEqual(t, d, maxRetryAfter)
 	})
 }
+
+// FuzzAcquireBodyLease: a Lease and TTL either become whole seconds on the wire or are refused
+// before sending as invalid_request on their field; OnExpiry is sent as given.
+func FuzzAcquireBodyLease(f *testing.F) {
+	f.Add(int64(time.Minute), int64(time.Second), "readmit")
+	f.Add(int64(time.Minute), int64(1500*time.Millisecond), "hold_until_reconciled")
+	f.Add(int64(time.Minute), int64(-time.Second), "")
+	f.Add(int64(0), int64(0), "x")
+	f.Fuzz(func(t *testing.T, ttl, lease int64, onExpiry string) {
+		b, err := acquireBodyOf(AcquireRequest{Key: "k", TTL: time.Duration(ttl), Lease: time.Duration(lease), OnExpiry: onExpiry})
+		if err != nil {
+			require.ErrorIs(t, err, ErrInvalidRequest)
+			var p *Problem
+			require.ErrorAs(t, err, &p)
+			require.Len(t, p.Errors, 1)
+			require.Contains(t, []string{"ttl_seconds", "lease_seconds"}, p.Errors[0].Field)
+			return
+		}
+		require.Equal(t, time.Duration(ttl), time.Duration(b.TTLSeconds)*time.Second)
+		require.Equal(t, time.Duration(lease), time.Duration(b.LeaseSeconds)*time.Second)
+		require.GreaterOrEqual(t, b.LeaseSeconds, int64(0))
+		require.Equal(t, onExpiry, b.OnExpiry)
+	})
+}
