@@ -242,7 +242,9 @@ type Operation struct {
 	ConflictAttempts  int64      `json:"conflict_attempts"`
 }
 
-// Outcome is a recorded outcome of an operation.
+// Outcome is a recorded outcome of an operation. Returned by Do's fn it is the outcome to
+// record: only Status ("" means StatusSucceeded), Receipt, Response (valid JSON, ≤ 64 KiB) and
+// Note are used.
 type Outcome struct {
 	Status  string `json:"status"`
 	Receipt string `json:"receipt"`
