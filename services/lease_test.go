@@ -81,7 +81,8 @@ func TestLeaseValidation(t *testing.T) {
 // outcome_uncertain with the operation, and after the TTL (readmit) a new attempt is admitted
 // and told about it.
 func TestLeaseExpiredByReaper(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its reaper passes would clear other tests' expired holds, which some
+	// of them look at before clearing them themselves.
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := acquireLease(t, b, "lease/reaper", 600, 30, OnExpiryReadmit)
 		lapseLease(t, b, acq.OperationID)
@@ -148,7 +149,8 @@ func TestLeaseExpiredOnDuplicate(t *testing.T) {
 // changes nothing, and its late outcome still lands on its own operation (uncertain ->
 // succeeded is reconciliation, docs/reference.md §3).
 func TestRenewHeartbeatKeepsKey(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its reaper passes would clear other tests' expired holds, which some
+	// of them look at before clearing them themselves.
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := acquireLease(t, b, "lease/heartbeat", 60, 1, OnExpiryReadmit)
 		first := acq.LeaseExpiresAt
@@ -249,7 +251,8 @@ func TestRenewRefusals(t *testing.T) {
 // and acquires racing: no renew succeeds or moves the lease, and at most one acquire is
 // admitted (none while the TTL protects the key; one once it is over).
 func TestRenewRacesReaperAndAcquire(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its reaper passes would clear other tests' expired holds, which some
+	// of them look at before clearing them themselves.
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		for _, ttlOver := range []bool{false, true} {
 			key := fmt.Sprintf("renew/race-%v", ttlOver)
@@ -317,7 +320,8 @@ func TestRenewRacesReaperAndAcquire(t *testing.T) {
 // operator reconciles it: failed frees the key (fencing token +1), succeeded keeps answering
 // duplicates with the outcome past the TTL.
 func TestHoldUntilReconciled(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its reaper passes would clear other tests' expired holds, which some
+	// of them look at before clearing them themselves.
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acct := operatorAcct(RoleOperator, &b.p.TenantID)
 		for _, status := range []string{StateFailed, StateSucceeded} {
