@@ -187,7 +187,11 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 			r = 0
 		}
 		if r >= 40 && r < 85 {
-			own = mine[len(mine)-1-rng.Intn(min(len(mine), 4))]
+			pick := rng.Intn(min(len(mine), 4))
+			if w.leases && r >= 52 && r < 67 && rng.Intn(2) == 0 {
+				pick = 0 // half the renews are of the newest admission, the likeliest in progress
+			}
+			own = mine[len(mine)-1-pick]
 			in.Key, in.Op = own.key, own.op
 			token := own.token
 			if rng.Intn(10) == 0 {
