@@ -4,8 +4,12 @@
 //
 // The package has tests only. The same workload and model also run against an in-memory fake
 // of the API (fake_test.go): correct, where the history must check, and with a
-// check-then-insert acquire or a release without the owner compare, where porcupine must
-// report a violation. Run it with
+// check-then-insert acquire, a release without the owner compare, a renew without the owner
+// check, or a hold_until_reconciled that re-admits after the TTL, where porcupine must report
+// a violation. The workload (workload_test.go) sends lease_seconds, acquires its last key with
+// on_expiry hold_until_reconciled, renews, and lets one admission in four (and every one of
+// the hold key) "crash": its client goes quiet for 2–3 s (the lease lapses) and then
+// reconciles it. Run it with
 //
 //	go test ./e2e/history/ -count=1 -v
 //	VERIFY_DURATION=5m go test ./e2e/history/ -count=1 -v -timeout 30m
@@ -38,6 +42,17 @@
 //   - outcome 200: the state the server reports is a transition docs/reference.md §3 permits from the
 //     operation's state (or the same outcome again); 403 only for a wrong owner token;
 //     409 invalid_transition never where the transition is always permitted.
+//   - leases (docs/reference.md §8): an in_progress operation may turn uncertain from its
+//     lease_expires_at minus the allowance on; a duplicate after its lease (plus the allowance)
+//     never reports it in_progress; a 409 outcome_uncertain names the current holder, uncertain
+//     (or lapsed), whose hold still protects the key. With hold_until_reconciled a duplicate
+//     never gets a 200 reporting uncertain, and the key is never admitted again while its
+//     operation is in_progress or uncertain, TTL or not.
+//   - renew 200: only with the owner's token, only for the in_progress current holder whose
+//     lease and hold were live at the call; the lease end and expires_at become the answered
+//     ones (the lease capped at expires_at without extend_ttl). 403 only for a wrong token;
+//     lease_expired only for a lapsed lease, an uncertain or superseded operation;
+//     invalid_transition only when it is not in_progress or not the holder.
 //   - GET /v1/keys/{key}: 404 only if never admitted; held=true only for the live current
 //     holder; the operation named is the newest admission with its fencing token.
 //

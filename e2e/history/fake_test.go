@@ -23,7 +23,8 @@ import (
 type fakeOp struct {
 	id, key, name, fp, token, state, outcome string
 	fencing                                  int64
-	exp                                      time.Time
+	exp, lease                               time.Time
+	hold                                     bool
 }
 
 type fakeKey struct {
@@ -38,6 +39,8 @@ const (
 	fakeCorrect        = ""
 	fakeCheckThenPut   = "check-then-insert acquire"
 	fakeNoOwnerRelease = "release without the owner compare"
+	fakeNoOwnerRenew   = "renew without the owner check"
+	fakeHoldReadmits   = "hold_until_reconciled that re-admits after the TTL"
 )
 
 type fakeServer struct {
@@ -71,6 +74,28 @@ func (f *fakeServer) opJSON(o *fakeOp) map[string]any {
 	return map[string]any{"id": o.id, "key": o.key, "state": o.state, "fencing_token": o.fencing}
 }
 
+// lapse turns an in_progress operation whose lease has ended uncertain (what the reaper, a
+// duplicate or a renew does at the server); caller holds f.mu.
+func (f *fakeServer) lapse(o *fakeOp, now time.Time) {
+	if o != nil && o.state == "in_progress" && !now.Before(o.lease) {
+		o.state = "uncertain"
+	}
+}
+
+// protects reports whether the holder of k still keeps the key: a live hold, or
+// hold_until_reconciled with an unknown outcome; caller holds f.mu.
+func (f *fakeServer) protects(k *fakeKey, now time.Time) bool {
+	if f.live(k, now) {
+		return true
+	}
+	if k == nil || k.holder == "" || f.broken == fakeHoldReadmits {
+		return false
+	}
+	h := f.ops[k.holder]
+	f.lapse(h, now)
+	return h.hold && h.state == "uncertain"
+}
+
 // live reports whether k is held now; caller holds f.mu.
 func (f *fakeServer) live(k *fakeKey, now time.Time) bool {
 	return k != nil && k.holder != "" && now.Before(k.exp)
@@ -84,6 +109,9 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Key        string `json:"key"`
 		TTL        int    `json:"ttl_seconds"`
+		Lease      int    `json:"lease_seconds"`
+		OnExpiry   string `json:"on_expiry"`
+		Extend     bool   `json:"extend_ttl"`
 		Operation  string `json:"operation"`
 		FP         string `json:"fingerprint"`
 		OwnerToken string `json:"owner_token"`
@@ -95,9 +123,12 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case r.URL.Path == "/v1/acquire":
-		f.acquire(w, req.Key, req.Operation, req.FP, req.TTL)
+		f.acquire(w, acquireReq{req.Key, req.Operation, req.FP, req.TTL, req.Lease, req.OnExpiry})
 	case r.URL.Path == "/v1/release":
 		f.release(w, req.Key, req.OwnerToken)
+	case strings.HasPrefix(r.URL.Path, "/v1/operations/") && strings.HasSuffix(r.URL.Path, "/renew"):
+		f.renew(w, strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/operations/"), "/renew"), req.OwnerToken,
+			req.Lease, req.Extend)
 	case strings.HasPrefix(r.URL.Path, "/v1/operations/"):
 		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/operations/"), "/outcome")
 		f.outcome(w, id, req.OwnerToken, req.Status, req.Release)
@@ -108,16 +139,27 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (f *fakeServer) acquire(w http.ResponseWriter, key, name, fp string, ttl int) {
+// acquireReq is an acquire's body as the fake reads it.
+type acquireReq struct {
+	key, name, fp string
+	ttl, lease    int
+	onExpiry      string
+}
+
+func (f *fakeServer) acquire(w http.ResponseWriter, a acquireReq) {
 	f.mu.Lock()
 	now := time.Now()
-	k := f.keys[key]
-	if f.live(k, now) {
-		h := f.ops[k.holder]
+	k := f.keys[a.key]
+	if f.protects(k, now) {
 		defer f.mu.Unlock()
-		if h.name == name && h.fp == fp {
-			reply(w, 200, map[string]any{"admitted": false, "key": key, "operation": f.opJSON(h)})
-		} else {
+		h := f.ops[k.holder]
+		f.lapse(h, now)
+		switch {
+		case h.state == "uncertain":
+			reply(w, 409, map[string]any{"status": 409, "code": "outcome_uncertain", "operation": f.opJSON(h)})
+		case h.name == a.name && h.fp == a.fp:
+			reply(w, 200, map[string]any{"admitted": false, "key": a.key, "operation": f.opJSON(h)})
+		default:
 			problem(w, 422, "fingerprint_mismatch")
 		}
 		return
@@ -134,21 +176,60 @@ func (f *fakeServer) acquire(w http.ResponseWriter, key, name, fp string, ttl in
 	}
 	defer f.mu.Unlock()
 	now = time.Now()
-	if k = f.keys[key]; k == nil {
+	if k = f.keys[a.key]; k == nil {
 		k = &fakeKey{}
-		f.keys[key] = k
+		f.keys[a.key] = k
 	}
 	if k.holder != "" {
 		if h := f.ops[k.holder]; h.state == "in_progress" {
 			h.state = "uncertain"
 		}
 	}
-	o := &fakeOp{id: randID(), key: key, name: name, fp: fp, token: randID(), state: "in_progress",
-		fencing: fencing + 1, exp: now.Add(time.Duration(ttl) * time.Second)}
+	lease := a.lease
+	if lease == 0 || lease > a.ttl {
+		lease = a.ttl
+	}
+	o := &fakeOp{id: randID(), key: a.key, name: a.name, fp: a.fp, token: randID(), state: "in_progress",
+		fencing: fencing + 1, exp: now.Add(time.Duration(a.ttl) * time.Second),
+		lease: now.Add(time.Duration(lease) * time.Second), hold: a.onExpiry == "hold_until_reconciled"}
 	f.ops[o.id] = o
 	k.fencing, k.holder, k.exp, k.last = o.fencing, o.id, o.exp, o.id
-	reply(w, 201, map[string]any{"admitted": true, "key": key, "operation_id": o.id, "owner_token": o.token,
-		"fencing_token": o.fencing, "state": o.state, "expires_at": o.exp.UTC().Format(time.RFC3339Nano)})
+	reply(w, 201, map[string]any{"admitted": true, "key": a.key, "operation_id": o.id, "owner_token": o.token,
+		"fencing_token": o.fencing, "state": o.state, "expires_at": o.exp.UTC().Format(time.RFC3339Nano),
+		"lease_expires_at": o.lease.UTC().Format(time.RFC3339Nano)})
+}
+
+// renew extends the lease, owner-checked and fenced (docs/reference.md §8).
+func (f *fakeServer) renew(w http.ResponseWriter, id, token string, lease int, extend bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	o := f.ops[id]
+	if o == nil {
+		problem(w, 404, "not_found")
+		return
+	}
+	f.lapse(o, now)
+	k := f.keys[o.key]
+	switch {
+	case o.token != token && f.broken != fakeNoOwnerRenew:
+		problem(w, 403, "not_owner")
+		return
+	case o.state == "uncertain" && !now.Before(o.lease):
+		problem(w, 409, "lease_expired")
+		return
+	case o.state != "in_progress" || k.holder != id || !f.live(k, now):
+		problem(w, 409, "invalid_transition")
+		return
+	}
+	o.lease = now.Add(time.Duration(lease) * time.Second)
+	if extend && o.exp.Before(o.lease) {
+		o.exp, k.exp = o.lease, o.lease
+	} else if o.lease.After(o.exp) {
+		o.lease = o.exp
+	}
+	reply(w, 200, map[string]any{"operation_id": o.id, "fencing_token": o.fencing,
+		"lease_expires_at": o.lease.UTC().Format(time.RFC3339Nano), "expires_at": o.exp.UTC().Format(time.RFC3339Nano)})
 }
 
 // acquireBatch answers each item as acquire would, in order, each result with its status and
@@ -158,6 +239,8 @@ func (f *fakeServer) acquireBatch(w http.ResponseWriter, r *http.Request) {
 		Items []struct {
 			Key       string `json:"key"`
 			TTL       int    `json:"ttl_seconds"`
+			Lease     int    `json:"lease_seconds"`
+			OnExpiry  string `json:"on_expiry"`
 			Operation string `json:"operation"`
 			FP        string `json:"fingerprint"`
 		} `json:"items"`
@@ -166,7 +249,7 @@ func (f *fakeServer) acquireBatch(w http.ResponseWriter, r *http.Request) {
 	results := make([]any, 0, len(req.Items))
 	for _, it := range req.Items {
 		rec := httptest.NewRecorder()
-		f.acquire(rec, it.Key, it.Operation, it.FP, it.TTL)
+		f.acquire(rec, acquireReq{it.Key, it.Operation, it.FP, it.TTL, it.Lease, it.OnExpiry})
 		var body map[string]any
 		_ = json.Unmarshal(rec.Body.Bytes(), &body)
 		member := "body"
@@ -187,6 +270,7 @@ func (f *fakeServer) release(w http.ResponseWriter, key, token string) {
 		return
 	}
 	h := f.ops[k.holder]
+	f.lapse(h, time.Now())
 	switch {
 	case h.token != token && f.broken != fakeNoOwnerRelease:
 		problem(w, 409, "not_owner")
@@ -211,6 +295,9 @@ func (f *fakeServer) outcome(w http.ResponseWriter, id, token, status string, re
 	case o.token != token:
 		problem(w, 403, "not_owner")
 		return
+	}
+	f.lapse(o, time.Now())
+	switch {
 	case status == o.outcome:
 	case o.state == "in_progress" || (o.state == "uncertain" && status != "uncertain"):
 		o.state, o.outcome = status, status
@@ -253,6 +340,18 @@ func TestModelAcceptsCorrectFake(t *testing.T) {
 // (same fencing token), and the checker must say so.
 func TestCheckerCatchesCheckThenInsert(t *testing.T) {
 	require.Equal(t, porcupine.Illegal, runFake(t, fakeCheckThenPut), "the race went unnoticed")
+}
+
+// TestCheckerCatchesRenewWithoutOwnerCheck: a renew that does not check the owner token lets
+// anyone keep another attempt's lease alive (docs/reference.md §8: owner-checked and fenced).
+func TestCheckerCatchesRenewWithoutOwnerCheck(t *testing.T) {
+	require.Equal(t, porcupine.Illegal, runFake(t, fakeNoOwnerRenew), "the foreign renew went unnoticed")
+}
+
+// TestCheckerCatchesHoldPolicyReadmitting: hold_until_reconciled must never admit a key whose
+// operation is uncertain, TTL or not; a server that re-admits after the TTL must be caught.
+func TestCheckerCatchesHoldPolicyReadmitting(t *testing.T) {
+	require.Equal(t, porcupine.Illegal, runFake(t, fakeHoldReadmits), "the re-admission of an uncertain key went unnoticed")
 }
 
 // TestCheckerCatchesReleaseWithoutOwnerCheck: a release that does not compare the owner token

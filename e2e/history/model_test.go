@@ -20,6 +20,7 @@ const (
 	kindRelease = "release"
 	kindOutcome = "outcome"
 	kindGet     = "get"
+	kindRenew   = "renew"
 )
 
 // callInput is what a client sent. Op is the operation id the client owns (release, outcome);
@@ -30,6 +31,9 @@ type callInput struct {
 	Name     string
 	FP       string
 	TTL      int
+	Lease    int  // lease_seconds of an acquire or renew; 0 is absent (lease = TTL)
+	Hold     bool // on_expiry hold_until_reconciled
+	Extend   bool // extend_ttl of a renew
 	Op       string
 	BadToken bool
 	Status   string
@@ -38,17 +42,19 @@ type callInput struct {
 }
 
 // callOutput is what it got. Unknown: no answer (transport error, timeout, 5xx). Exp is the
-// answered expires_at in Unix nanoseconds; State the operation state in the answer.
+// answered expires_at in Unix nanoseconds and LeaseExp lease_expires_at (0 when absent); State
+// the operation state in the answer.
 type callOutput struct {
-	Unknown bool
-	Status  int
-	Code    string
-	OpID    string
-	Fencing int64
-	Exp     int64
-	State   string
-	Held    bool
-	Ret     int64
+	Unknown  bool
+	Status   int
+	Code     string
+	OpID     string
+	Fencing  int64
+	Exp      int64
+	LeaseExp int64
+	State    string
+	Held     bool
+	Ret      int64
 }
 
 // opInfo is the model's view of one operation. Exp 0 means unknown (an acquire with an
@@ -59,6 +65,8 @@ type opInfo struct {
 	fp      string
 	name    string
 	exp     int64
+	lexp    int64 // lease end (docs/reference.md §8); 0 absent (the lease is the TTL), -1 unknown (a lost renew answer)
+	hold    bool  // on_expiry hold_until_reconciled
 	fencing int64
 }
 
@@ -89,14 +97,55 @@ func expiredBy(o opInfo, ret int64) bool { return o.exp == 0 || ret >= o.exp-clo
 func liveAt(o opInfo, call int64) bool   { return o.exp == 0 || call <= o.exp+clockSkew }
 func unseen(id string) bool              { return strings.HasPrefix(id, "?") }
 
+// lapsedBy reports whether the lease may have lapsed by ret; leaseLiveAt whether it may still
+// have run at call. Without a lease end in the answers (lexp 0) the lease is the TTL; after a
+// renew whose answer was lost (lexp -1) it may end at any time until the hold's.
+func lapsedBy(o opInfo, ret int64) bool {
+	switch {
+	case o.lexp == 0:
+		return expiredBy(o, ret)
+	case o.lexp < 0:
+		return true
+	}
+	return ret >= o.lexp-clockSkew
+}
+func leaseLiveAt(o opInfo, call int64) bool {
+	if o.lexp <= 0 {
+		return liveAt(o, call)
+	}
+	return call <= o.lexp+clockSkew
+}
+
+// blocks reports whether a hold_until_reconciled operation keeps its key past the TTL: its
+// outcome is unknown (in_progress or uncertain). A succeeded one may keep answering its
+// duplicates past the TTL or be taken over; both are accepted (protects).
+func blocks(o opInfo) bool { return o.hold && (o.state == "in_progress" || o.state == "uncertain") }
+func protects(o opInfo) bool {
+	return blocks(o) || (o.hold && o.state == "succeeded")
+}
+
 // free reports whether the key may have been free at some point up to ret.
 func (s keyState) free(ret int64) bool {
+	if s.holder == "" {
+		return true
+	}
+	h := s.ops[s.holder]
+	return expiredBy(h, ret) && !blocks(h)
+}
+
+// unheld reports whether the key's hold may have expired (or there is none) by ret, whatever
+// its policy: what GET /v1/keys reports as held=false.
+func (s keyState) unheld(ret int64) bool {
 	return s.holder == "" || expiredBy(s.ops[s.holder], ret)
 }
 
 // liveHolder reports whether the key may have been held at some point from call on.
 func (s keyState) liveHolder(call int64) bool {
-	return s.holder != "" && liveAt(s.ops[s.holder], call)
+	if s.holder == "" {
+		return false
+	}
+	h := s.ops[s.holder]
+	return liveAt(h, call) || protects(h)
 }
 
 // matchesHolder reports whether id names the holder; an admission whose answer was lost has
@@ -124,18 +173,18 @@ func (s keyState) reveal(id string) keyState {
 	return c
 }
 
-// reaperVariants: an in_progress operation past its expiry may already have been turned
-// uncertain by the reaper.
+// reaperVariants: an in_progress operation past its lease (or its expiry) may already have been
+// turned uncertain by the reaper (lease_expired_without_outcome, docs/reference.md §8).
 func reaperVariants(s keyState, id string, ret int64) []keyState {
 	o, ok := s.ops[id]
-	if !ok || o.state != "in_progress" || !expiredBy(o, ret) {
+	if !ok || o.state != "in_progress" || !lapsedBy(o, ret) {
 		return []keyState{s}
 	}
 	o.state = "uncertain"
 	return []keyState{s, s.with(id, o)}
 }
 
-func (s keyState) admit(id string, in callInput, exp int64) keyState {
+func (s keyState) admit(id string, in callInput, exp, lexp int64) keyState {
 	c := s.clone()
 	if c.holder != "" {
 		if h := c.ops[c.holder]; h.state == "in_progress" {
@@ -144,7 +193,8 @@ func (s keyState) admit(id string, in callInput, exp int64) keyState {
 		}
 	}
 	c.fencing++
-	c.ops[id] = opInfo{state: "in_progress", fp: in.FP, name: in.Name, exp: exp, fencing: c.fencing}
+	c.ops[id] = opInfo{state: "in_progress", fp: in.FP, name: in.Name, exp: exp, lexp: lexp, hold: in.Hold,
+		fencing: c.fencing}
 	c.holder, c.last = id, id
 	return c
 }
@@ -208,7 +258,7 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 	switch in.Kind {
 	case kindAcquire:
 		if out.Unknown {
-			return []keyState{s, s.admit(fmt.Sprintf("?%d", s.fencing+1), in, 0)}
+			return []keyState{s, s.admit(fmt.Sprintf("?%d", s.fencing+1), in, 0, 0)}
 		}
 		switch out.Status {
 		case 201:
@@ -218,7 +268,7 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			if _, dup := s.ops[out.OpID]; dup || out.OpID == "" {
 				return nil
 			}
-			return []keyState{s.admit(out.OpID, in, out.Exp)}
+			return []keyState{s.admit(out.OpID, in, out.Exp, out.LeaseExp)}
 		case 200:
 			if !s.liveHolder(in.Call) || !s.matchesHolder(out.OpID) {
 				return nil
@@ -227,9 +277,41 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			if h.fp != in.FP || h.name != in.Name {
 				return nil
 			}
+			if out.State == "uncertain" && h.hold && !opts.tornDuplicate {
+				// docs/reference.md §8: under hold_until_reconciled a duplicate of an
+				// uncertain operation is 409 outcome_uncertain, never a 200. (Under readmit
+				// one its owner reported uncertain is answered 200 as before leases, and
+				// one whose lease lapsed 409; the model does not tell the two apart.)
+				return nil
+			}
+			if out.State == "in_progress" && h.lexp > 0 && in.Call > h.lexp+clockSkew {
+				// The lease had lapsed before the call: the duplicate path turns the
+				// operation uncertain, it cannot still be in progress.
+				return nil
+			}
 			var next []keyState
 			for _, v := range reaperVariants(s.reveal(out.OpID), out.OpID, out.Ret) {
 				if v.ops[out.OpID].state == out.State || opts.tornDuplicate {
+					next = append(next, v)
+				}
+			}
+			return next
+		case 409:
+			// outcome_uncertain: the key's current operation has an unknown outcome and
+			// still protects the key (live hold, or hold_until_reconciled past the TTL).
+			if out.Code != "outcome_uncertain" || s.holder == "" || (out.OpID != "" && !s.matchesHolder(out.OpID)) {
+				return nil
+			}
+			if out.OpID != "" {
+				s = s.reveal(out.OpID)
+			}
+			h := s.ops[s.holder]
+			if !liveAt(h, in.Call) && !h.hold {
+				return nil
+			}
+			var next []keyState
+			for _, v := range reaperVariants(s, s.holder, out.Ret) {
+				if v.ops[s.holder].state == "uncertain" {
 					next = append(next, v)
 				}
 			}
@@ -244,6 +326,8 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			return []keyState{s}
 		}
 		return nil
+	case kindRenew:
+		return stepRenew(s, in, out)
 	case kindRelease:
 		o, known := s.ops[in.Op]
 		if !known {
@@ -280,7 +364,7 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			case out.Status == 409 && out.Code == "outcome_uncertain":
 				ok = !in.BadToken && o.state == "uncertain"
 			case out.Status == 404 && out.Code == "key_not_held":
-				ok = v.free(out.Ret)
+				ok = v.unheld(out.Ret)
 			}
 			if ok {
 				next = append(next, v)
@@ -340,7 +424,7 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 				return nil
 			}
 			s = s.reveal(out.OpID)
-		} else if !s.free(out.Ret) || (s.last != out.OpID && !unseen(s.last)) {
+		} else if !s.unheld(out.Ret) || (s.last != out.OpID && !unseen(s.last)) {
 			return nil
 		}
 		if !unseen(s.last) && s.ops[out.OpID].fencing != out.Fencing {
@@ -349,6 +433,59 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 		return []keyState{s}
 	}
 	return nil
+}
+
+// stepRenew: POST /v1/operations/{id}/renew (docs/reference.md §8). Only the owner, only while
+// its operation is in_progress, holds the key and its lease has not lapsed; the lease end and
+// expires_at then are what the answer says. Every refusal changes nothing, except that a
+// lease_expired renew may be the moment the lapsed operation is marked uncertain.
+func stepRenew(s keyState, in callInput, out callOutput) []keyState {
+	if _, known := s.ops[in.Op]; !known {
+		return nil
+	}
+	var next []keyState
+	for _, v := range reaperVariants(s, in.Op, out.Ret) {
+		o := v.ops[in.Op]
+		canRenew := !in.BadToken && o.state == "in_progress" && v.holder == in.Op && leaseLiveAt(o, in.Call) &&
+			liveAt(o, in.Call)
+		renewed := func() keyState {
+			o.lexp = out.LeaseExp
+			if out.Exp != 0 {
+				o.exp = out.Exp
+			}
+			return v.with(in.Op, o)
+		}
+		switch {
+		case out.Unknown:
+			next = append(next, v)
+			if canRenew {
+				// The answer was lost: the lease end is unknown, and with extend_ttl so is
+				// the hold's.
+				o.lexp = -1
+				if in.Extend {
+					o.exp = 0
+				}
+				next = append(next, v.with(in.Op, o))
+			}
+		case out.Status == 200:
+			if canRenew && out.LeaseExp != 0 && (in.Extend || out.LeaseExp <= o.exp+clockSkew || o.exp == 0) {
+				next = append(next, renewed())
+			}
+		case out.Status == 403 && out.Code == "not_owner":
+			if in.BadToken {
+				next = append(next, v)
+			}
+		case out.Status == 409 && out.Code == "lease_expired":
+			if !in.BadToken && (o.state == "uncertain" || lapsedBy(o, out.Ret) || v.holder != in.Op) {
+				next = append(next, v)
+			}
+		case out.Status == 409 && out.Code == "invalid_transition":
+			if !in.BadToken && (o.state != "in_progress" || v.holder != in.Op) {
+				next = append(next, v)
+			}
+		}
+	}
+	return next
 }
 
 func equalKeyState(a, b keyState) bool {
@@ -425,11 +562,13 @@ func keyModel(opts modelOptions) porcupine.Model {
 			var req string
 			switch in.Kind {
 			case kindAcquire:
-				req = fmt.Sprintf("acquire(%s/%s ttl=%d)", in.Name, in.FP, in.TTL)
+				req = fmt.Sprintf("acquire(%s/%s ttl=%d lease=%d hold=%v)", in.Name, in.FP, in.TTL, in.Lease, in.Hold)
 			case kindRelease:
 				req = fmt.Sprintf("release(%s bad=%v)", short(in.Op), in.BadToken)
 			case kindOutcome:
 				req = fmt.Sprintf("outcome(%s %s rel=%v bad=%v)", short(in.Op), in.Status, in.Release, in.BadToken)
+			case kindRenew:
+				req = fmt.Sprintf("renew(%s lease=%d extend=%v bad=%v)", short(in.Op), in.Lease, in.Extend, in.BadToken)
 			default:
 				req = "get"
 			}

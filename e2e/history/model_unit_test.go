@@ -98,3 +98,59 @@ func TestModelTornDuplicate(t *testing.T) {
 	require.Equal(t, porcupine.Illegal, checkHistory(t, h...))
 	require.Equal(t, porcupine.Ok, porcupine.CheckOperationsTimeout(keyModel(modelOptions{tornDuplicate: true}), h, 10*time.Second))
 }
+
+func renew(client int, call, ret int64, op string, bad bool, out callOutput) porcupine.Operation {
+	out.Ret = ret
+	return porcupine.Operation{ClientId: client, Call: call, Return: ret,
+		Input:  callInput{Kind: kindRenew, Key: "k", Op: op, BadToken: bad, Lease: 1, Call: call},
+		Output: out}
+}
+
+// leased is a 201 with a lease ending at lexp and the hold at exp.
+func leased(id string, fencing, lexp, exp int64, hold bool) (callOutput, bool) {
+	return callOutput{Status: 201, OpID: id, Fencing: fencing, Exp: exp, LeaseExp: lexp}, hold
+}
+
+func acqHold(client int, call, ret int64, hold bool, out callOutput) porcupine.Operation {
+	op := acq(client, call, ret, "a", out)
+	in := op.Input.(callInput)
+	in.Hold = hold
+	op.Input = in
+	return op
+}
+
+// TestModelLeases: docs/reference.md §8 on hand-built histories.
+func TestModelLeases(t *testing.T) {
+	first, _ := leased("op1", 1, 1000*ms, 10_000*ms, false)
+	// A renew by the owner in time is fine; with a wrong token it must never succeed.
+	require.Equal(t, porcupine.Ok, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		renew(0, 500*ms, 510*ms, "op1", false, callOutput{Status: 200, OpID: "op1", LeaseExp: 1510 * ms, Exp: 10_000 * ms})))
+	require.Equal(t, porcupine.Illegal, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		renew(1, 500*ms, 510*ms, "op1", true, callOutput{Status: 200, OpID: "op1", LeaseExp: 1510 * ms, Exp: 10_000 * ms})))
+	// A renew long after the lease lapsed cannot revive it.
+	require.Equal(t, porcupine.Illegal, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		renew(0, 3000*ms, 3010*ms, "op1", false, callOutput{Status: 200, OpID: "op1", LeaseExp: 4010 * ms, Exp: 10_000 * ms})))
+	require.Equal(t, porcupine.Ok, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		renew(0, 3000*ms, 3010*ms, "op1", false, callOutput{Status: 409, Code: "lease_expired"})))
+	// After the lease, while the TTL protects the key: 409 outcome_uncertain, never a 201 or a
+	// 200 reporting it still in progress.
+	require.Equal(t, porcupine.Ok, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		acq(1, 3000*ms, 3010*ms, "a", callOutput{Status: 409, Code: "outcome_uncertain", OpID: "op1"})))
+	require.Equal(t, porcupine.Illegal, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		acq(1, 3000*ms, 3010*ms, "a", callOutput{Status: 200, OpID: "op1", State: "in_progress"})))
+	require.Equal(t, porcupine.Illegal, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		acq(1, 3000*ms, 3010*ms, "a", admitted("op2", 2))))
+	// Past the TTL, readmit admits again; hold_until_reconciled refuses until reconciled.
+	require.Equal(t, porcupine.Ok, checkHistory(t, acq(0, 0, 10*ms, "a", first),
+		acq(1, 12_000*ms, 12_010*ms, "a", admitted("op2", 2))))
+	held, hold := leased("op1", 1, 1000*ms, 2000*ms, true)
+	require.Equal(t, porcupine.Illegal, checkHistory(t, acqHold(0, 0, 10*ms, hold, held),
+		acqHold(1, 5000*ms, 5010*ms, hold, admitted("op2", 2))))
+	require.Equal(t, porcupine.Ok, checkHistory(t, acqHold(0, 0, 10*ms, hold, held),
+		acqHold(1, 5000*ms, 5010*ms, hold, callOutput{Status: 409, Code: "outcome_uncertain", OpID: "op1"})))
+	reconcile := porcupine.Operation{ClientId: 0, Call: 6000 * ms, Return: 6010 * ms,
+		Input:  callInput{Kind: kindOutcome, Key: "k", Op: "op1", Status: "failed", Call: 6000 * ms},
+		Output: callOutput{Status: 200, OpID: "op1", State: "failed", Ret: 6010 * ms}}
+	require.Equal(t, porcupine.Ok, checkHistory(t, acqHold(0, 0, 10*ms, hold, held), reconcile,
+		acqHold(1, 7000*ms, 7010*ms, hold, admitted("op2", 2))))
+}

@@ -19,9 +19,12 @@ import (
 
 const testAPIKey = "idg_verify_test_key_0123456789abcdef"
 
-// owned is an admission a client holds the owner token of.
+// owned is an admission a client holds the owner token of. until, when set, parks it: the
+// client acts as a crashed holder (no outcome, no renew, its lease lapses) until then, and
+// afterwards reconciles it like an operator would.
 type owned struct {
 	key, op, token string
+	until          time.Time
 }
 
 // recorder collects the history. Times are nanoseconds since start.
@@ -56,6 +59,10 @@ type workload struct {
 	// cut-off calls the check's search outgrew its time bound (porcupine Unknown, no
 	// violation found); batches are checked in the fault-free runs.
 	batches bool
+	// leases: acquires carry lease_seconds (1 to the TTL, or absent), the last key is
+	// acquired with on_expiry hold_until_reconciled, and owners renew their leases
+	// (docs/reference.md §8).
+	leases bool
 }
 
 func newWorkload(urls []string, prefix string, duration time.Duration) *workload {
@@ -63,7 +70,7 @@ func newWorkload(urls []string, prefix string, duration time.Duration) *workload
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%s:key/%d", prefix, i)
 	}
-	return &workload{urls: urls, keys: keys, clients: 16, duration: duration, batches: true,
+	return &workload{urls: urls, keys: keys, clients: 16, duration: duration, batches: true, leases: true,
 		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 }
 
@@ -147,11 +154,30 @@ func (w *workload) run(t *testing.T) (*recorder, []porcupine.Operation) {
 
 func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 	rng := rand.New(rand.NewSource(time.Now().UnixNano() + int64(c)*7919))
-	var mine []owned
-	record := rec.recorderFor(c, &mine)
+	var mine, parked []owned
+	record := rec.recorderFor(c, &mine, w.leases)
 	base := w.urls[c%len(w.urls)]
 	for ctx.Err() == nil {
 		time.Sleep(time.Duration(rng.Intn(8)) * time.Millisecond)
+		if now := time.Now(); len(mine)+len(parked) > 0 {
+			// Crashed holders go quiet until their time is up, then come back to reconcile.
+			var kept, still []owned
+			for _, o := range mine {
+				if o.until.After(now) {
+					still = append(still, o)
+				} else {
+					kept = append(kept, o)
+				}
+			}
+			for _, o := range parked {
+				if o.until.After(now) {
+					still = append(still, o)
+				} else {
+					kept = append(kept, o)
+				}
+			}
+			mine, parked = kept, still
+		}
 		in := callInput{Key: w.keys[rng.Intn(len(w.keys))]}
 		var method, path string
 		var body map[string]any
@@ -161,16 +187,25 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 			r = 0
 		}
 		if r >= 40 && r < 85 {
-			own = mine[len(mine)-1-rng.Intn(min(len(mine), 4))]
+			pick := rng.Intn(min(len(mine), 4))
+			if w.leases && r >= 52 && r < 67 && rng.Intn(2) == 0 {
+				pick = 0 // half the renews are of the newest admission, the likeliest in progress
+			}
+			own = mine[len(mine)-1-pick]
 			in.Key, in.Op = own.key, own.op
 			token := own.token
 			if rng.Intn(10) == 0 {
 				in.BadToken, token = true, own.token+"x"
 			}
-			if r < 60 {
+			switch {
+			case w.leases && r >= 52 && r < 67:
+				in.Kind, method, path = kindRenew, http.MethodPost, "/v1/operations/"+in.Op+"/renew"
+				in.Lease, in.Extend = 1+rng.Intn(2), rng.Intn(3) == 0
+				body = map[string]any{"owner_token": token, "lease_seconds": in.Lease, "extend_ttl": in.Extend}
+			case r < 60:
 				in.Kind, method, path = kindRelease, http.MethodPost, "/v1/release"
 				body = map[string]any{"key": in.Key, "owner_token": token, "reason": "verify"}
-			} else {
+			default:
 				in.Kind, method, path = kindOutcome, http.MethodPost, "/v1/operations/"+in.Op+"/outcome"
 				in.Status = []string{"succeeded", "failed", "failed", "uncertain"}[rng.Intn(4)]
 				in.Release = in.Status == "failed" && rng.Intn(2) == 0
@@ -185,7 +220,7 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 			items := make([]callInput, 2+rng.Intn(3))
 			bodies := make([]map[string]any, len(items))
 			for i := range items {
-				items[i], bodies[i] = acquireInput(rng, w.keys[rng.Intn(len(w.keys))])
+				items[i], bodies[i] = w.acquireInput(rng, w.keys[rng.Intn(len(w.keys))])
 			}
 			call := rec.now()
 			status, resp := w.do(http.MethodPost, base+"/v1/acquire:batch", map[string]any{"items": bodies})
@@ -211,7 +246,7 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 			}
 			continue
 		} else if r < 40 {
-			in, body = acquireInput(rng, in.Key)
+			in, body = w.acquireInput(rng, in.Key)
 			method, path = http.MethodPost, "/v1/acquire"
 		} else {
 			in.Kind, method, path = kindGet, http.MethodGet, "/v1/keys/"+url.PathEscape(in.Key)
@@ -229,14 +264,30 @@ func (w *workload) client(ctx context.Context, c int, rec *recorder) {
 }
 
 // acquireInput is a random acquire of key: its input for the model and its request body.
-func acquireInput(rng *rand.Rand, key string) (callInput, map[string]any) {
+func (w *workload) acquireInput(rng *rand.Rand, key string) (callInput, map[string]any) {
 	in := callInput{Kind: kindAcquire, Key: key, Name: "charge"}
 	if rng.Intn(10) == 0 {
 		in.Name = "refund"
 	}
 	in.FP = []string{"fp-a", "fp-b"}[rng.Intn(2)]
 	in.TTL = 1 + rng.Intn(3)
-	return in, map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP}
+	body := map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP}
+	if w.leases {
+		if rng.Intn(4) != 0 {
+			in.Lease = 1 + rng.Intn(in.TTL)
+			body["lease_seconds"] = in.Lease
+		}
+		if key == w.keys[len(w.keys)-1] {
+			// Short, so that crashed holders' keys pass their TTL within a short run.
+			in.Hold, in.TTL = true, 1
+			body["on_expiry"], body["ttl_seconds"] = "hold_until_reconciled", 1
+			if in.Lease > 0 {
+				in.Lease = 1
+				body["lease_seconds"] = 1
+			}
+		}
+	}
+	return in, body
 }
 
 // recordFunc records one call (or one item of a batch) answered status and resp at ret.
@@ -244,7 +295,10 @@ type recordFunc func(in callInput, status int, resp map[string]any, ret int64)
 
 // recorderFor is the recordFunc of client c: it appends the operation to the history and
 // keeps the client's owner tokens (mine) for its later releases and outcomes.
-func (rec *recorder) recorderFor(c int, mine *[]owned) recordFunc {
+// With crashes, one admission in four, and every hold_until_reconciled one, is parked for
+// 2–3 s (see owned).
+func (rec *recorder) recorderFor(c int, mine *[]owned, crashes bool) recordFunc {
+	rng := rand.New(rand.NewSource(time.Now().UnixNano() + int64(c)*104729))
 	return func(in callInput, status int, resp map[string]any, ret int64) {
 		out := callOutput{Ret: ret, Status: status, Code: str(resp, "code")}
 		if status == 0 || status >= 500 {
@@ -254,13 +308,26 @@ func (rec *recorder) recorderFor(c int, mine *[]owned) recordFunc {
 		case out.Unknown:
 		case in.Kind == kindAcquire && status == 201:
 			out.OpID, out.Fencing, out.Exp = str(resp, "operation_id"), num(resp, "fencing_token"), rec.relTime(str(resp, "expires_at"))
-			*mine = append(*mine, owned{key: in.Key, op: out.OpID, token: str(resp, "owner_token")})
+			out.LeaseExp = rec.relTime(str(resp, "lease_expires_at"))
+			own := owned{key: in.Key, op: out.OpID, token: str(resp, "owner_token")}
+			// Every hold_until_reconciled admission crashes, so that even a short run sees
+			// the key pass its TTL uncertain (three in four still missed it once in ten
+			// runs); its owner reconciles it (any outcome) when it comes back.
+			if crashes && (in.Hold || rng.Intn(4) == 0) {
+				own.until = time.Now().Add(2*time.Second + time.Duration(rng.Intn(1000))*time.Millisecond)
+			}
+			*mine = append(*mine, own)
 			if len(*mine) > 8 {
 				*mine = (*mine)[1:]
 			}
 		case in.Kind == kindAcquire && status == 200:
 			op := sub(resp, "operation")
 			out.OpID, out.State, out.Fencing = str(op, "id"), str(op, "state"), num(op, "fencing_token")
+		case in.Kind == kindRenew && status == 200:
+			out.OpID, out.Fencing = str(resp, "operation_id"), num(resp, "fencing_token")
+			out.Exp, out.LeaseExp = rec.relTime(str(resp, "expires_at")), rec.relTime(str(resp, "lease_expires_at"))
+		case in.Kind == kindAcquire && status == 409:
+			out.OpID, out.State = str(sub(resp, "operation"), "id"), str(sub(resp, "operation"), "state")
 		case in.Kind == kindOutcome && status == 200:
 			out.OpID, out.State = str(resp, "id"), str(resp, "state")
 		case in.Kind == kindRelease && status == 200:
@@ -273,7 +340,8 @@ func (rec *recorder) recorderFor(c int, mine *[]owned) recordFunc {
 		rec.mu.Lock()
 		rec.statuses[fmt.Sprintf("%s %d", in.Kind, status)]++
 		if in.Kind == kindAcquire && !out.Unknown {
-			result := map[int]string{201: "admitted", 200: "duplicate", 422: "conflict"}[status]
+			// A 409 outcome_uncertain is a duplicate attempt refused (docs/reference.md §8).
+			result := map[int]string{201: "admitted", 200: "duplicate", 409: "duplicate", 422: "conflict"}[status]
 			rec.answers[[2]string{in.Key, result}]++
 			if status == 201 {
 				rec.admitted[out.OpID] = owned{key: in.Key, op: out.OpID}

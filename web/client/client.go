@@ -129,11 +129,12 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResul
 		return nil, err
 	}
 	var ans acquireAnswer
+	sentAt := time.Now()
 	status, err := c.do(ctx, http.MethodPost, acquirePath, nil, body, &ans, http.StatusOK, http.StatusCreated)
 	if err != nil {
 		return nil, err
 	}
-	return acquireResultOf(acquirePath, body, status, ans)
+	return acquireResultOf(acquirePath, body, status, ans, sentAt)
 }
 
 const (
@@ -148,8 +149,12 @@ func acquireBodyOf(req AcquireRequest) (acquireBody, error) {
 	if req.TTL%time.Second != 0 {
 		return acquireBody{}, invalidArgument("ttl_seconds", "TTL must be a whole number of seconds")
 	}
+	if req.Lease < 0 || req.Lease%time.Second != 0 {
+		return acquireBody{}, invalidArgument("lease_seconds", "Lease must be a whole number of seconds")
+	}
 	body := acquireBody{Key: req.Key, TTLSeconds: int64(req.TTL / time.Second), Operation: req.Operation,
-		Fingerprint: req.Fingerprint, CorrelationID: req.CorrelationID, AttemptID: req.AttemptID}
+		Fingerprint: req.Fingerprint, CorrelationID: req.CorrelationID, AttemptID: req.AttemptID,
+		LeaseSeconds: int64(req.Lease / time.Second), OnExpiry: req.OnExpiry}
 	if body.AttemptID == "" {
 		body.AttemptID = uuid.NewString()
 	}
@@ -168,7 +173,8 @@ func acquireBodyOf(req AcquireRequest) (acquireBody, error) {
 // acquireResultOf reads a 2xx acquire answer for body (from path): admitted only for a 201
 // with state in_progress, a duplicate only for a 200 with the holder's operation, anything
 // else an error wrapping ErrUnexpectedAnswer.
-func acquireResultOf(path string, body acquireBody, status int, ans acquireAnswer) (*AcquireResult, error) {
+// sentAt is when the call started, for the admission's local lease deadline.
+func acquireResultOf(path string, body acquireBody, status int, ans acquireAnswer, sentAt time.Time) (*AcquireResult, error) {
 	res := &AcquireResult{Key: ans.Key, AttemptID: body.AttemptID}
 	switch {
 	case status == http.StatusCreated && ans.Admitted && ans.Admission.State == StateInProgress:
@@ -177,6 +183,10 @@ func acquireResultOf(path string, body acquireBody, status int, ans acquireAnswe
 		// proxy) falls to the error below: not admitted, and not a duplicate either, since
 		// it carries no operation to return.
 		adm := ans.Admission
+		adm.lease, adm.sentAt = time.Duration(body.LeaseSeconds)*time.Second, sentAt
+		if adm.lease == 0 {
+			adm.lease = time.Duration(body.TTLSeconds) * time.Second
+		}
 		res.Admitted = &adm
 		return res, nil
 	case status == http.StatusOK && !ans.Admitted && ans.Operation != nil:
@@ -227,6 +237,7 @@ func (c *Client) AcquireBatch(ctx context.Context, reqs []AcquireRequest) ([]Bat
 		return out, nil
 	}
 	var ans acquireBatchAnswer
+	sentAt := time.Now()
 	if _, err := c.do(ctx, http.MethodPost, acquireBatchPath, nil, acquireBatchBody{Items: bodies}, &ans, http.StatusOK); err != nil {
 		return nil, err
 	}
@@ -252,7 +263,7 @@ func (c *Client) AcquireBatch(ctx context.Context, reqs []AcquireRequest) ([]Bat
 					ErrUnexpectedAnswer, j))
 				continue
 			}
-			out[i].Result, out[i].Err = acquireResultOf(acquireBatchPath, body, r.Status, a)
+			out[i].Result, out[i].Err = acquireResultOf(acquireBatchPath, body, r.Status, a, sentAt)
 		default:
 			out[i].Err = wrapf(http.MethodPost, acquireBatchPath, fmt.Errorf("%w: item %d: status %d without its body or problem",
 				ErrUnexpectedAnswer, j, r.Status))
@@ -326,6 +337,62 @@ func (c *Client) RecordOutcome(ctx context.Context, operationID string, req Outc
 	}
 	op.normalize()
 	return &op, nil
+}
+
+// Renew extends the lease of operation operationID, owner-checked and fenced (docs/reference.md
+// §8 "POST /v1/operations/{id}/renew"): the new lease ends lease (whole seconds, 1 s to 30
+// days) from now, but never after the protection window (expires_at) unless extendTTL, which
+// moves expires_at to at least the new lease end. It is the heartbeat of a long attempt; Do and
+// Heartbeat call it for you.
+//
+// Errors (*Problem): ErrNotOwner (403: a wrong owner token), ErrNotFound (404),
+// ErrLeaseExpired (409: the lease already lapsed and the operation is, or is becoming,
+// uncertain — renewing cannot revive it), ErrInvalidTransition (409: the operation is no
+// longer in_progress), ErrInvalidRequest, ErrUnauthorized, ErrRateLimited,
+// ErrStoreUnavailable. A refusal changes nothing. Retrying is safe: a renew only moves the
+// lease end to now+lease.
+func (c *Client) Renew(ctx context.Context, operationID, ownerToken string, lease time.Duration, extendTTL bool) (*Renewal, error) {
+	if operationID == "" {
+		return nil, invalidArgument("operation_id", "must not be empty")
+	}
+	if lease < time.Second || lease%time.Second != 0 {
+		return nil, invalidArgument("lease_seconds", "the lease must be a whole number of seconds, at least 1 s")
+	}
+	var r Renewal
+	if _, err := c.do(ctx, http.MethodPost, "/v1/operations/"+url.PathEscape(operationID)+"/renew", nil,
+		renewBody{OwnerToken: ownerToken, LeaseSeconds: int64(lease / time.Second), ExtendTTL: extendTTL},
+		&r, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// WaitOperation returns operation id as GetOperation does, but as soon as it is no longer
+// in_progress, or once wait has passed (rounded up to whole seconds, at most MaxWait) with its
+// state then, whichever comes first: a long poll (docs/reference.md §8
+// "GET /v1/operations/{id}?wait="). A duplicate uses it to wait for the holder's outcome
+// instead of polling. wait ≤ 0 is a plain GetOperation. The call's bounds (WithTimeout and
+// RetryPolicy.TryTimeout) are stretched by wait so the long poll is not cut short.
+//
+// Errors: as GetOperation, plus ErrTooManyWaiters (503: the server instance has its maximum of
+// waiting requests; retried after its Retry-After, then returned).
+func (c *Client) WaitOperation(ctx context.Context, id string, wait time.Duration) (*OperationDetail, error) {
+	if wait <= 0 {
+		return c.GetOperation(ctx, id)
+	}
+	if id == "" {
+		return nil, invalidArgument("id", "must not be empty")
+	}
+	secs := int64((min(wait, MaxWait) + time.Second - 1) / time.Second)
+	q := url.Values{"wait": {strconv.FormatInt(secs, 10) + "s"}}
+	stretch := time.Duration(secs) * time.Second
+	var d OperationDetail
+	if _, err := c.doStretched(ctx, stretch, http.MethodGet, "/v1/operations/"+url.PathEscape(id), q, nil, &d,
+		http.StatusOK); err != nil {
+		return nil, err
+	}
+	d.Operation.normalize()
+	return &d, nil
 }
 
 // GetKey returns key and its newest operation (docs/reference.md §4 "GET /v1/keys/{key}"); the key is
@@ -438,6 +505,12 @@ func setQuery(q url.Values, name, v string) {
 // do sends one call with retries (RetryPolicy) and decodes a successful answer into out. It
 // returns the answer's status. path is already escaped.
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, body, out any, ok ...int) (int, error) {
+	return c.doStretched(ctx, 0, method, path, q, body, out, ok...)
+}
+
+// doStretched is do with the call's and each try's timeout longer by stretch: the time a long
+// poll may legitimately take on the server.
+func (c *Client) doStretched(ctx context.Context, stretch time.Duration, method, path string, q url.Values, body, out any, ok ...int) (int, error) {
 	var payload []byte
 	if body != nil {
 		var err error
@@ -451,7 +524,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		ctx, cancel = context.WithTimeout(ctx, c.timeout+stretch)
 		defer cancel()
 	}
 	schedule := c.retry.backoff()
@@ -460,7 +533,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		if err := ctx.Err(); err != nil {
 			return 0, wrapf(method, path, err)
 		}
-		status, err := c.try(ctx, method, target, payload, out, ok)
+		status, err := c.try(ctx, stretch, method, target, payload, out, ok)
 		if err == nil {
 			return status, nil
 		}
@@ -508,10 +581,10 @@ func (c *Client) final(method, path string, err error) error {
 
 // try sends one request. It returns a *Problem for a non-2xx answer, a *transportError when
 // no complete answer arrived, or another error for an answer it cannot use.
-func (c *Client) try(ctx context.Context, method, target string, payload []byte, out any, ok []int) (int, error) {
+func (c *Client) try(ctx context.Context, stretch time.Duration, method, target string, payload []byte, out any, ok []int) (int, error) {
 	if c.retry.TryTimeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.retry.TryTimeout)
+		ctx, cancel = context.WithTimeout(ctx, c.retry.TryTimeout+stretch)
 		defer cancel()
 	}
 	var rd io.Reader

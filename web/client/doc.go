@@ -19,6 +19,17 @@
 //			OwnerToken: adm.OwnerToken, Status: client.StatusSucceeded, Receipt: receipt})
 //	}
 //
+// Do does all of that in one call (docs/reference.md §11): it acquires, runs fn while it
+// heartbeats the lease (Renew every Lease/3; fn's context is cancelled when the lease is lost),
+// records fn's outcome — an error not marked with Failed is recorded uncertain, never released —
+// and, for a duplicate, waits for the holder's outcome (WaitOperation) and returns it:
+//
+//	res, err := idem.Do(ctx, client.AcquireRequest{Key: "charge:order-5521", TTL: time.Hour, Lease: 30 * time.Second},
+//		func(ctx context.Context, lease client.Lease) (client.Outcome, error) {
+//			receipt, err := charge(ctx, lease.FencingToken)
+//			return client.Outcome{Receipt: receipt}, err
+//		})
+//
 // Errors are *Problem values (RFC 9457 problem details with idemgate's `code`); match them
 // with errors.Is against the Err… sentinels, one per stable code.
 //

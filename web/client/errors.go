@@ -21,7 +21,7 @@ const (
 	CodeNotOwner            = "not_owner"            // 409 on release, 403 on outcome: the owner token does not own the hold / operation
 	CodeFingerprintMismatch = "fingerprint_mismatch" // 422: the key is held with another fingerprint or operation name
 	CodeEffectConfirmed     = "effect_confirmed"     // 409: release of a succeeded operation
-	CodeOutcomeUncertain    = "outcome_uncertain"    // 409: release of an uncertain operation (reconcile first)
+	CodeOutcomeUncertain    = "outcome_uncertain"    // 409: release of an uncertain operation (reconcile first), or acquire of a key whose operation is uncertain (Problem.Operation set)
 	CodeInvalidTransition   = "invalid_transition"   // 409: a state change docs/reference.md §3 does not allow
 	CodeKeyNotHeld          = "key_not_held"         // 404: release of a key with no live hold
 	CodeNotFound            = "not_found"            // 404: no such key or operation in this tenant
@@ -29,6 +29,8 @@ const (
 	CodeStoreUnavailable    = "store_unavailable"    // 503: idemgate's database is unreachable; retried
 	CodeRateLimited         = "rate_limited"         // 429: too many failed authentications from this address; retried
 	CodeInternal            = "internal"             // 500: a server bug; not retried
+	CodeLeaseExpired        = "lease_expired"        // 409: renew after the lease lapsed; the operation is uncertain (docs/reference.md §8)
+	CodeTooManyWaiters      = "too_many_waiters"     // 503: the instance has its maximum of waiting requests; retried
 )
 
 // Sentinel errors, one per stable problem code. errors.Is(err, ErrNotOwner) is true when err
@@ -49,7 +51,16 @@ var (
 	ErrStoreUnavailable    = &Problem{Code: CodeStoreUnavailable, Title: "Store unavailable"}
 	ErrRateLimited         = &Problem{Code: CodeRateLimited, Title: "Rate limited"}
 	ErrInternal            = &Problem{Code: CodeInternal, Title: "Internal error"}
+	ErrLeaseExpired        = &Problem{Code: CodeLeaseExpired, Title: "Lease expired"}
+	ErrTooManyWaiters      = &Problem{Code: CodeTooManyWaiters, Title: "Too many waiters"}
 )
+
+// ErrLeaseLost is the cause (context.Cause) of the context Do and Heartbeat cancel when the
+// attempt's lease can no longer be kept: the server refused a renew (ErrLeaseExpired,
+// ErrNotOwner, ErrInvalidTransition, ErrNotFound, wrapped with it), or no renew succeeded
+// before the lease's local deadline. The operation then is, or is about to become,
+// uncertain (docs/reference.md §8): stop touching the destination.
+var ErrLeaseLost = errors.New("idemgate: lease lost")
 
 // ErrUnexpectedAnswer is wrapped by the error of a call whose 2xx answer does not have the
 // shape the API promises for it, e.g. an acquire answered 201 with a state other than
@@ -90,6 +101,10 @@ type Problem struct {
 	Code string `json:"code,omitempty"`
 	// Errors lists invalid fields for invalid_request.
 	Errors []FieldError `json:"errors,omitempty"`
+	// Operation is the key's operation when an acquire is refused with outcome_uncertain
+	// (docs/reference.md §8): its state, reason and fencing token, to reconcile it. nil
+	// otherwise.
+	Operation *Operation `json:"operation,omitempty"`
 	// RequestID is the server's X-Request-ID for the failed request (to find it in its log).
 	RequestID string `json:"request_id,omitempty"`
 	// RetryAfter is the answer's Retry-After header as a duration (RFC 9110 §10.2.3, whole
@@ -175,6 +190,10 @@ func decodeProblem(status int, h http.Header, body []byte, now time.Time) *Probl
 	if isJSON && json.Unmarshal(body, &doc) == nil {
 		p.Type, p.Title, p.Detail, p.Instance = doc.Type, doc.Title, doc.Detail, doc.Instance
 		p.Code, p.Errors, p.RequestID = doc.Code, doc.Errors, doc.RequestID
+		if doc.Operation != nil && doc.Operation.ID != "" {
+			doc.Operation.normalize()
+			p.Operation = doc.Operation
+		}
 	} else if len(body) > 0 && (mt == "" || strings.HasPrefix(mt, "text/")) {
 		p.Detail = textSnippet(body)
 	}

@@ -94,6 +94,8 @@ func FuzzDecodeProblem(f *testing.F) {
 	f.Add(502, "text/html", "<h1>bad gateway</h1>", "")
 	f.Add(503, "application/json", `{"code":"store_unavailable","status":"x"}`, "Sun, 29 Nov 2026 12:00:30 GMT")
 	f.Add(429, "", "\xff\xfe", "99999999999999999999")
+	f.Add(409, "application/problem+json", `{"code":"outcome_uncertain","operation":{"id":"op1","state":"uncertain","metadata":null}}`, "")
+	f.Add(409, "application/problem+json", `{"code":"outcome_uncertain","operation":{"id":""}}`, "")
 	f.Fuzz(func(t *testing.T, status int, ctype, body, retryAfter string) {
 		h := http.Header{"Content-Type": {ctype}, "Retry-After": {retryAfter}}
 		p := decodeProblem(status, h, []byte(body), now)
@@ -106,8 +108,30 @@ func FuzzDecodeProblem(f *testing.F) {
 		} else {
 			require.ErrorIs(t, p, &Problem{Code: p.Code})
 		}
+		if p.Operation != nil {
+			require.NotEmpty(t, p.Operation.ID, "an operation is kept only when it names one")
+		}
 		_ = p.Error()
 	})
+}
+
+// TestDecodeProblemOperation: a 409 outcome_uncertain acquire carries the operation to
+// reconcile (docs/reference.md §8).
+func TestDecodeProblemOperation(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/problem+json"}}
+	p := decodeProblem(409, h, []byte(`{"status":409,"code":"outcome_uncertain","operation":{"id":"op1",
+	  "state":"uncertain","state_reason":"lease_expired_without_outcome","fencing_token":3,"metadata":null,
+	  "on_expiry":"hold_until_reconciled","lease_expires_at":"2026-11-29T12:00:00Z"}}`), now)
+	require.ErrorIs(t, p, ErrOutcomeUncertain)
+	require.NotNil(t, p.Operation)
+	require.Equal(t, "op1", p.Operation.ID)
+	require.Equal(t, StateUncertain, p.Operation.State)
+	require.Equal(t, "lease_expired_without_outcome", p.Operation.StateReason)
+	require.EqualValues(t, 3, p.Operation.FencingToken)
+	require.Equal(t, OnExpiryHoldUntilReconciled, p.Operation.OnExpiry)
+	require.Equal(t, now, p.Operation.LeaseExpiresAt)
+	require.Nil(t, p.Operation.Metadata)
+	require.Nil(t, decodeProblem(409, h, []byte(`{"code":"not_owner"}`), now).Operation)
 }
 
 // FuzzParseRetryAfter: never negative, never over the cap, never a panic.
@@ -119,5 +143,29 @@ func FuzzParseRetryAfter(f *testing.F) {
 		d := parseRetryAfter(v, now)
 		require.GreaterOrEqual(t, d, time.Duration(0))
 		require.LessOrEqual(t, d, maxRetryAfter)
+	})
+}
+
+// FuzzAcquireBodyLease: a Lease and TTL either become whole seconds on the wire or are refused
+// before sending as invalid_request on their field; OnExpiry is sent as given.
+func FuzzAcquireBodyLease(f *testing.F) {
+	f.Add(int64(time.Minute), int64(time.Second), "readmit")
+	f.Add(int64(time.Minute), int64(1500*time.Millisecond), "hold_until_reconciled")
+	f.Add(int64(time.Minute), int64(-time.Second), "")
+	f.Add(int64(0), int64(0), "x")
+	f.Fuzz(func(t *testing.T, ttl, lease int64, onExpiry string) {
+		b, err := acquireBodyOf(AcquireRequest{Key: "k", TTL: time.Duration(ttl), Lease: time.Duration(lease), OnExpiry: onExpiry})
+		if err != nil {
+			require.ErrorIs(t, err, ErrInvalidRequest)
+			var p *Problem
+			require.ErrorAs(t, err, &p)
+			require.Len(t, p.Errors, 1)
+			require.Contains(t, []string{"ttl_seconds", "lease_seconds"}, p.Errors[0].Field)
+			return
+		}
+		require.Equal(t, time.Duration(ttl), time.Duration(b.TTLSeconds)*time.Second)
+		require.Equal(t, time.Duration(lease), time.Duration(b.LeaseSeconds)*time.Second)
+		require.GreaterOrEqual(t, b.LeaseSeconds, int64(0))
+		require.Equal(t, onExpiry, b.OnExpiry)
 	})
 }

@@ -21,6 +21,20 @@ const (
 	StatusUncertain = "uncertain"
 )
 
+// Expiry policies of an operation (AcquireRequest.OnExpiry; docs/reference.md §8).
+const (
+	// OnExpiryReadmit (the server's default): after the TTL a new attempt is admitted and
+	// told PreviousOperation.
+	OnExpiryReadmit = "readmit"
+	// OnExpiryHoldUntilReconciled: a key whose operation is uncertain is never admitted
+	// again, whatever the TTL, until the operation is reconciled to succeeded or failed;
+	// acquires meanwhile are refused with ErrOutcomeUncertain carrying the operation.
+	OnExpiryHoldUntilReconciled = "hold_until_reconciled"
+)
+
+// MaxWait is the longest wait WaitOperation asks the server for (docs/reference.md §8).
+const MaxWait = 60 * time.Second
+
 // Attempt results (docs/reference.md §2).
 const (
 	ResultAdmitted  = "admitted"
@@ -76,6 +90,12 @@ type AcquireRequest struct {
 	// Metadata is any value that marshals to a JSON object of at most 16 KiB, stored with the
 	// operation for operators. nil is absent.
 	Metadata any
+	// Lease is how long the admitted attempt may run without an outcome (or a Renew) before
+	// it is presumed crashed and its operation becomes uncertain (docs/reference.md §8). Whole
+	// seconds from 1 s to TTL; sent as lease_seconds. 0 is absent: the lease is the TTL.
+	Lease time.Duration
+	// OnExpiry is OnExpiryReadmit or OnExpiryHoldUntilReconciled; "" is absent (readmit).
+	OnExpiry string
 }
 
 // AcquireResult is the answer to an acquire that was not refused. Exactly one of Admitted
@@ -116,10 +136,29 @@ type Admission struct {
 	State string `json:"state"`
 	// ExpiresAt is when the hold ends (database clock, UTC).
 	ExpiresAt time.Time `json:"expires_at"`
+	// LeaseExpiresAt is when the lease lapses unless renewed (database clock, UTC;
+	// docs/reference.md §8). It is never after ExpiresAt.
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	// OnExpiry is the operation's expiry policy, OnExpiryReadmit or
+	// OnExpiryHoldUntilReconciled.
+	OnExpiry string `json:"on_expiry"`
 	// PreviousOperation is set when the key's previous operation did not end cleanly
 	// (uncertain, or succeeded and the key admitted again after its TTL): check the
 	// destination before acting.
 	PreviousOperation *PreviousOperation `json:"previous_operation,omitempty"`
+
+	// lease is the lease duration asked for (the TTL when none was), and sentAt when the
+	// acquire call started: sentAt+lease is a local lease deadline that is never later than
+	// the server's, whatever the clocks say.
+	lease  time.Duration
+	sentAt time.Time
+}
+
+// Lease returns the admission as the Lease that Heartbeat renews and Do hands to its fn.
+func (a *Admission) Lease() Lease {
+	return Lease{OperationID: a.OperationID, OwnerToken: a.OwnerToken, FencingToken: a.FencingToken,
+		ExpiresAt: a.ExpiresAt, LeaseExpiresAt: a.LeaseExpiresAt, PreviousOperation: a.PreviousOperation,
+		Duration: a.lease, deadline: a.sentAt.Add(a.lease)}
 }
 
 // PreviousOperation summarises the key's previous operation in an Admission.
@@ -187,6 +226,12 @@ type Operation struct {
 	Metadata   json.RawMessage `json:"metadata"`
 	AcquiredAt time.Time       `json:"acquired_at"`
 	ExpiresAt  time.Time       `json:"expires_at"`
+	// LeaseExpiresAt is when the attempt's lease lapses (or lapsed) unless renewed
+	// (docs/reference.md §8); zero from a server without leases.
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	// OnExpiry is the operation's expiry policy (OnExpiryReadmit or
+	// OnExpiryHoldUntilReconciled).
+	OnExpiry string `json:"on_expiry"`
 	// Held reports whether this operation still holds its key (a live, unexpired hold).
 	Held bool `json:"held"`
 	// Outcome is nil until one is recorded.
@@ -197,7 +242,9 @@ type Operation struct {
 	ConflictAttempts  int64      `json:"conflict_attempts"`
 }
 
-// Outcome is a recorded outcome of an operation.
+// Outcome is a recorded outcome of an operation. Returned by Do's fn it is the outcome to
+// record: only Status ("" means StatusSucceeded), Receipt, Response (valid JSON, ≤ 64 KiB) and
+// Note are used.
 type Outcome struct {
 	Status  string `json:"status"`
 	Receipt string `json:"receipt"`
@@ -314,6 +361,24 @@ type acquireBody struct {
 	CorrelationID string          `json:"correlation_id,omitempty"`
 	AttemptID     string          `json:"attempt_id"`
 	Metadata      json.RawMessage `json:"metadata,omitempty"`
+	LeaseSeconds  int64           `json:"lease_seconds,omitempty"`
+	OnExpiry      string          `json:"on_expiry,omitempty"`
+}
+
+type renewBody struct {
+	OwnerToken   string `json:"owner_token"`
+	LeaseSeconds int64  `json:"lease_seconds"`
+	ExtendTTL    bool   `json:"extend_ttl,omitempty"`
+}
+
+// Renewal is the answer to Renew (docs/reference.md §8).
+type Renewal struct {
+	OperationID string `json:"operation_id"`
+	// LeaseExpiresAt is the new end of the lease (database clock, UTC).
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	// ExpiresAt is the end of the protection window, moved only with extendTTL.
+	ExpiresAt    time.Time `json:"expires_at"`
+	FencingToken int64     `json:"fencing_token"`
 }
 
 type acquireAnswer struct {

@@ -23,6 +23,9 @@ type Info struct {
 	FencingToken int64
 	// ExpiresAt is when the hold ends; a retry after it is admitted again.
 	ExpiresAt time.Time
+	// LeaseExpiresAt is when the attempt's lease lapsed at admission (docs/reference.md §8);
+	// with Config.Lease the middleware renews it while the handler runs.
+	LeaseExpiresAt time.Time
 	// PreviousOperation is set when the key's previous operation did not end cleanly:
 	// uncertain (say, the handler failed with a 5xx or panicked), or succeeded and admitted
 	// again after the TTL. A handler whose effect must not happen twice should check the

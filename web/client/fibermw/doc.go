@@ -58,9 +58,15 @@
 //   - One key runs the handler at most once within Config.TTL (default 24 h), across any
 //     number of service instances: admission is decided by idemgate in one transaction
 //     (docs/reference.md §4), not by a lock in this process.
-//   - A retry while the first request runs gets 409 request_in_progress with Retry-After; a
-//     retry after it gets the stored status, allow-listed headers (Config.ReplayHeaders) and
-//     body byte for byte, with Idempotent-Replayed: true.
+//   - A retry while the first request runs gets 409 request_in_progress with Retry-After —
+//     or, with Config.Wait (wait-and-replay), waits for the first request's outcome and gets
+//     its response; a retry after it gets the stored status, allow-listed headers
+//     (Config.ReplayHeaders) and body byte for byte, with Idempotent-Replayed: true.
+//   - With Config.Lease a handler may run only that long without a heartbeat: the middleware
+//     renews the lease while the handler runs, and cancels c.UserContext() if a renew is
+//     refused (docs/reference.md §8). A crashed service's key then turns uncertain after the
+//     lease, not after the TTL; with Config.OnExpiry client.OnExpiryHoldUntilReconciled it
+//     is never run again until reconciled.
 //   - The same key with a different request — method, path, query, media type, body
 //     (JSON compared in a canonical form: member order, white space and number spelling do
 //     not matter, and every number is compared exactly, never as a float64), or Authorization — is refused with 422, never answered with another request's

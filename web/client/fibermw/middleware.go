@@ -100,6 +100,27 @@ type Config struct {
 	// the key is released and a retry runs again. Default: 408, 425 and 429.
 	NoEffectStatus func(status int) bool
 
+	// Lease, if set, is how long a request's handler may run without a heartbeat before
+	// idemgate presumes it crashed and its operation uncertain (docs/reference.md §8; whole
+	// seconds, 1 s to TTL). The middleware renews it every Lease/3 while the handler runs, so a
+	// long handler keeps its key, and a crashed service's key stops answering "in progress"
+	// after Lease rather than after TTL. When a renew is refused the handler's UserContext is
+	// cancelled (cause wrapping client.ErrLeaseLost). Default 0: the lease is the TTL and
+	// nothing is renewed.
+	Lease time.Duration
+
+	// OnExpiry is idemgate's expiry policy of the keys: client.OnExpiryReadmit (default) or
+	// client.OnExpiryHoldUntilReconciled (a key whose operation is uncertain is never admitted
+	// again until an operator reconciles it, whatever the TTL).
+	OnExpiry string
+
+	// Wait, if positive, turns on wait-and-replay: a duplicate that arrives while the
+	// original request runs waits up to Wait for its outcome (a long poll at idemgate, no
+	// polling here) and then replays the original response, instead of answering 409
+	// request_in_progress at once. If the original released the key (NoEffect), the duplicate
+	// runs the handler itself; after Wait with no outcome it gets the 409. Default 0.
+	Wait time.Duration
+
 	// RetryAfter is sent with 409 request_in_progress. Default 1 s.
 	RetryAfter time.Duration
 
@@ -149,6 +170,9 @@ func New(cfg Config) fiber.Handler {
 	}
 	if cfg.TTL < time.Second || cfg.TTL%time.Second != 0 {
 		panic(fmt.Sprintf("fibermw: Config.TTL %v must be a whole number of seconds, at least 1 s", cfg.TTL))
+	}
+	if cfg.Lease < 0 || cfg.Lease%time.Second != 0 || cfg.Lease > cfg.TTL {
+		panic(fmt.Sprintf("fibermw: Config.Lease %v must be a whole number of seconds, at most Config.TTL", cfg.Lease))
 	}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{fiber.MethodPost, fiber.MethodPatch}
@@ -220,21 +244,79 @@ func (m *middleware) handle(c *fiber.Ctx) error {
 	if m.cfg.Operation != nil {
 		req.Operation = m.cfg.Operation(c)
 	}
-	res, err := m.cfg.Client.Acquire(c.UserContext(), req)
-	switch {
-	case errors.Is(err, client.ErrFingerprintMismatch):
-		return m.cfg.Respond(c, newProblem(http.StatusUnprocessableEntity, CodeFingerprintMismatch,
-			"This "+m.cfg.Header+" was used for a different request; use a new key for a new request."))
-	case err != nil:
-		return m.unavailable(c, scoped, err)
-	case res.Duplicate != nil:
-		return m.duplicate(c, res.Duplicate)
+	req.Lease, req.OnExpiry = m.cfg.Lease, m.cfg.OnExpiry
+	var waitUntil time.Time
+	if m.cfg.Wait > 0 {
+		waitUntil = time.Now().Add(m.cfg.Wait)
 	}
-	adm := res.Admitted
-	info := &Info{Key: key, ServerKey: scoped, OperationID: adm.OperationID, FencingToken: adm.FencingToken,
-		ExpiresAt: adm.ExpiresAt, PreviousOperation: adm.PreviousOperation, ownerToken: adm.OwnerToken}
-	c.Locals(infoKey{}, info)
-	return m.run(c, info)
+	for {
+		res, err := m.cfg.Client.Acquire(c.UserContext(), req)
+		switch {
+		case errors.Is(err, client.ErrFingerprintMismatch):
+			return m.cfg.Respond(c, newProblem(http.StatusUnprocessableEntity, CodeFingerprintMismatch,
+				"This "+m.cfg.Header+" was used for a different request; use a new key for a new request."))
+		case errors.Is(err, client.ErrOutcomeUncertain):
+			// idemgate refuses the key (docs/reference.md §8): its operation's outcome is
+			// unknown, and it must not run again until reconciled. A decision, not an outage.
+			return m.uncertain(c)
+		case err != nil:
+			return m.unavailable(c, scoped, err)
+		case res.Duplicate != nil:
+			op, again := m.await(c, res.Duplicate, waitUntil)
+			if again {
+				req.AttemptID = ""
+				continue
+			}
+			return m.duplicate(c, op)
+		}
+		adm := res.Admitted
+		info := &Info{Key: key, ServerKey: scoped, OperationID: adm.OperationID, FencingToken: adm.FencingToken,
+			ExpiresAt: adm.ExpiresAt, LeaseExpiresAt: adm.LeaseExpiresAt, PreviousOperation: adm.PreviousOperation,
+			ownerToken: adm.OwnerToken}
+		c.Locals(infoKey{}, info)
+		return m.run(c, info, adm)
+	}
+}
+
+// await waits, with wait-and-replay on, until the holder op has an outcome or waitUntil
+// passes, and returns the operation as last seen. again reports that the key may be free
+// now (the holder released it, or its hold ended without an outcome): acquire again. Without
+// wait-and-replay, or when idemgate cannot be asked, it returns op as it is.
+func (m *middleware) await(c *fiber.Ctx, op *client.Operation, waitUntil time.Time) (_ *client.Operation, again bool) {
+	for op.State == client.StateInProgress || op.State == client.StateReleased {
+		if op.State == client.StateReleased || !op.Held {
+			return op, time.Now().Before(waitUntil)
+		}
+		left := time.Until(waitUntil)
+		if waitUntil.IsZero() || left <= 0 {
+			return op, false
+		}
+		asked := time.Now()
+		d, err := m.cfg.Client.WaitOperation(c.UserContext(), op.ID, left)
+		if err != nil {
+			m.cfg.Logger.Warn("idemgate: waiting for the original request failed", "operation_id", op.ID, "err", err)
+			return op, false
+		}
+		op = &d.Operation
+		if op.State == client.StateInProgress && time.Since(asked) < minWaitRound {
+			// Answered early (a server or proxy without long polls): never a busy loop.
+			select {
+			case <-time.After(minWaitRound - time.Since(asked)):
+			case <-c.UserContext().Done():
+				return op, false
+			}
+		}
+	}
+	return op, false
+}
+
+// minWaitRound is the shortest time between two long polls of one operation.
+const minWaitRound = 100 * time.Millisecond
+
+// uncertain answers a request whose key's operation has an unknown outcome.
+func (m *middleware) uncertain(c *fiber.Ctx) error {
+	return m.cfg.Respond(c, newProblem(http.StatusConflict, CodeOutcomeUncertain,
+		"A request with this key ended without a known outcome; it will not run again until that is resolved."))
 }
 
 func (m *middleware) invalidKey(c *fiber.Ctx, msg string) error {
@@ -277,8 +359,7 @@ func (m *middleware) duplicate(c *fiber.Ctx, op *client.Operation) error {
 		p.RetryAfter = m.cfg.RetryAfter
 		return m.cfg.Respond(c, p)
 	case op.State == client.StateUncertain:
-		return m.cfg.Respond(c, newProblem(http.StatusConflict, CodeOutcomeUncertain,
-			"A request with this key ended without a known outcome; it will not run again until that is resolved."))
+		return m.uncertain(c)
 	}
 	var stored storedResponse
 	var body []byte
@@ -304,15 +385,31 @@ func (m *middleware) duplicate(c *fiber.Ctx, op *client.Operation) error {
 	return nil
 }
 
-// run calls the rest of the chain for an admitted request and records the outcome.
-func (m *middleware) run(c *fiber.Ctx, info *Info) (err error) {
+// run calls the rest of the chain for an admitted request and records the outcome. With
+// Config.Lease it heartbeats the lease while the chain runs, and the handler's UserContext is
+// cancelled when the lease is lost.
+func (m *middleware) run(c *fiber.Ctx, info *Info, adm *client.Admission) (err error) {
+	stop := func() error { return nil }
+	if m.cfg.Lease > 0 {
+		parent := c.UserContext()
+		var hctx context.Context
+		hctx, stop = m.cfg.Client.Heartbeat(parent, adm.Lease())
+		c.SetUserContext(hctx)
+		defer c.SetUserContext(parent)
+	}
 	defer func() {
 		if r := recover(); r != nil {
+			_ = stop()
 			m.record(c, info, client.StatusUncertain, false, nil, fmt.Sprintf("handler panicked: %v", r))
 			panic(r)
 		}
 	}()
-	if chainErr := c.Next(); chainErr != nil {
+	chainErr := c.Next()
+	if lost := stop(); lost != nil {
+		m.cfg.Logger.Warn("idemgate: the lease was lost while the handler ran; its operation is uncertain",
+			"key", info.ServerKey, "operation_id", info.OperationID, "err", lost)
+	}
+	if chainErr != nil {
 		// Let the application's error handler write the response now, so that what is
 		// recorded is what the client gets.
 		if herr := c.App().ErrorHandler(c, chainErr); herr != nil {
@@ -351,8 +448,13 @@ func (m *middleware) record(c *fiber.Ctx, info *Info, status string, release boo
 		req.Response = nil
 		_, err = m.cfg.Client.RecordOutcome(ctx, info.OperationID, req)
 	}
+	if err != nil && status == client.StatusUncertain && errors.Is(err, client.ErrInvalidTransition) {
+		// The lease lapsed first and idemgate already marked the operation uncertain
+		// (docs/reference.md §8): uncertain → uncertain is no transition, and nothing is lost.
+		return
+	}
 	if err != nil {
-		m.cfg.Logger.Error("idemgate: could not record the outcome; the key stays in progress until its TTL ends",
+		m.cfg.Logger.Error("idemgate: could not record the outcome; the key stays in progress until its lease ends",
 			"key", info.ServerKey, "operation_id", info.OperationID, "status", status, "err", err)
 	}
 }
