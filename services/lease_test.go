@@ -98,6 +98,7 @@ func TestLeaseExpiredByReaper(t *testing.T) {
 
 		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "lease/reaper", TTLSeconds: 600})
 		op := requireOutcomeUncertain(t, err, acq.OperationID)
+		require.True(t, op.Held, "within its TTL the uncertain operation still holds the key")
 		require.Equal(t, ReasonLeaseExpired, deref(op.StateReason))
 		require.Equal(t, ResultDuplicate, newestAttemptResult(t, b, "lease/reaper"))
 
@@ -335,6 +336,8 @@ func TestHoldUntilReconciled(t *testing.T) {
 				_, err = b.reaper.RunOnce(bg)
 				require.NoError(t, err)
 			}
+			_, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: key, TTLSeconds: 600})
+			require.False(t, requireOutcomeUncertain(t, err, acq.OperationID).Held, "past its TTL the operation holds no live hold")
 			items, err := b.adm.AcquireBatch(bg, b.p, []AcquireInput{{Key: key, TTLSeconds: 600}})
 			require.NoError(t, err)
 			requireOutcomeUncertain(t, items[0].Err, acq.OperationID)

@@ -285,7 +285,9 @@ func (r *acquireRow) operation() Operation {
 		ID: r.OpID, Key: r.OpKey, Operation: r.OpOperationName, State: r.OpState,
 		StateReason: r.OpStateReason, FencingToken: r.OpFencingToken, CorrelationID: r.OpCorrelationID,
 		Fingerprint: r.OpFingerprint, Metadata: rawJSON(r.OpMetadata), AcquiredAt: r.OpAcquiredAt.UTC(),
-		ExpiresAt: r.OpExpiresAt.UTC(), Held: true, ReleasedAt: utcPtr(r.OpReleasedAt),
+		// Held: the operation holds its key, unless a hold_until_reconciled operation answers
+		// past its TTL (docs/reference.md §8), as GET /v1/operations/{id} would say.
+		ExpiresAt: r.OpExpiresAt.UTC(), Held: r.OpExpiresAt.After(r.DBNow), ReleasedAt: utcPtr(r.OpReleasedAt),
 		ReleaseReason: r.OpReleaseReason, DuplicateAttempts: r.OpDuplicateAttempts,
 		ConflictAttempts: r.OpConflictAttempts, LeaseExpiresAt: r.OpExpiresAt.UTC(), OnExpiry: OnExpiryReadmit,
 	}

@@ -174,7 +174,8 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 		if err := tx.Where("id = ?", newOp.ID).Take(&op).Error; err != nil {
 			return err
 		}
-		d.op = operationFromModel(&op, true)
+		// Held, unless a hold_until_reconciled operation answers past its TTL (as on PostgreSQL).
+		d.op = operationFromModel(&op, op.ExpiresAt.After(now))
 		return nil
 	}()
 	return d, err

@@ -125,6 +125,8 @@ func TestAPIWait(t *testing.T) {
 			require.Eventually(t, func() bool { return aw.Waiting() == 1 }, 5*time.Second, time.Millisecond)
 			over := problemOf(t, c.do("GET", path+"?wait=30", nil), http.StatusServiceUnavailable, services.CodeTooManyWaiters)
 			require.NotEmpty(t, over.header.Get("Retry-After"))
+			metrics := (&apiClient{t: t, s: s}).do("GET", "/metrics", nil)
+			require.Contains(t, metrics.raw, "idemgate_waiting_requests 1")
 
 			out := c.do("POST", path+"/outcome", map[string]any{"owner_token": owner, "status": "succeeded"})
 			require.Equal(t, http.StatusOK, out.status, out.raw)

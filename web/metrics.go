@@ -335,6 +335,16 @@ func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
 // statements decided several acquires, how many acquires they carried, how many went alone,
 // and how many statements gave up on a row lock (their acquires then decided alone). Constant
 // zero when grouping is off.
+// registerWaiters exports how many requests wait for an operation's outcome right now
+// (GET /v1/operations/{id}?wait=, docs/reference.md §8): near IDEMGATE_MAX_WAITERS, waits are
+// about to be refused with 503 too_many_waiters.
+func registerWaiters(reg prometheus.Registerer, aw *services.Awaiter) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemgate_waiting_requests",
+		Help: "Requests waiting for an operation to leave in_progress (GET /v1/operations/{id}?wait=) on this instance.",
+	}, func() float64 { return float64(aw.Waiting()) }))
+}
+
 func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupStats) {
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{

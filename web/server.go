@@ -164,6 +164,9 @@ func New(cfg Config) *Server {
 	}
 	s.adm = cfg.Admission.WithObserver(s.metrics)
 	registerGroupStats(reg, s.adm.GroupStats)
+	if cfg.Awaiter != nil {
+		registerWaiters(reg, cfg.Awaiter)
+	}
 	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
 	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
 	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))
