@@ -38,13 +38,14 @@ func peerGone(conn net.Conn, stop <-chan struct{}) <-chan struct{} {
 			case <-t.C:
 			}
 			closed := false
-			if err := rc.Read(func(fd uintptr) bool {
+			// Control, not Read: the server's read deadline on the connection (set when the
+			// request was read) must not be taken for a hang-up, and MSG_DONTWAIT never blocks.
+			if err := rc.Control(func(fd uintptr) {
 				n, _, rerr := syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 				closed = n == 0 && rerr == nil
 				if rerr != nil && rerr != syscall.EAGAIN && rerr != syscall.EINTR {
 					closed = true
 				}
-				return true
 			}); err != nil || closed {
 				close(gone)
 				return

@@ -61,7 +61,7 @@ type workload struct {
 	batches bool
 	// leases: acquires carry lease_seconds (1 to the TTL, or absent), the last key is
 	// acquired with on_expiry hold_until_reconciled, and owners renew their leases
-	// (docs/reference.md §8).
+	// (docs/reference.md §8). The database-fault runs turn it off (see there).
 	leases bool
 }
 
