@@ -128,8 +128,17 @@ func handleKeysPage(s *Server) fiber.Handler {
 			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
 			Rows:                   make([]views.KeyRow, 0, len(page.Items)),
 		}
+		// The operation pages link back to this filtered list ("← Keys" keeps the filter).
+		back := ""
+		if self := q.url(); self != "/keys" {
+			back = self
+		}
 		for _, it := range page.Items {
-			props.Rows = append(props.Rows, keyRow(it, page.Now))
+			r := keyRow(it, page.Now)
+			if r.OperationURL != "" {
+				r.OperationURL = withBack(r.OperationURL, back)
+			}
+			props.Rows = append(props.Rows, r)
 		}
 		if q.Cursor != "" {
 			first := q

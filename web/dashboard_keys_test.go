@@ -41,12 +41,17 @@ func TestDashboardKeysPrefixExpiringAndLinks(t *testing.T) {
 
 		link := page.testid("key-link").Last()
 		require.Equal(t, "invoice:2026-11:1", strings.TrimSpace(link.Text()))
-		require.Equal(t, "/operations/"+inv.OperationID, link.AttrOr("href", ""))
+		// The link carries the filtered list back, so "← Keys" on the operation page keeps it.
+		require.Equal(t, withBack("/operations/"+inv.OperationID, "/keys?operation="+url.QueryEscape(f.op)+"&prefix="+url.QueryEscape("invoice:2026-")),
+			link.AttrOr("href", ""))
+		opPage := b.get(link.AttrOr("href", ""))
+		require.Equal(t, "← Keys", strings.TrimSpace(opPage.testid("op-back").Text()))
+		require.Equal(t, "/keys?operation="+url.QueryEscape(f.op)+"&prefix="+url.QueryEscape("invoice:2026-"), opPage.testid("op-back").AttrOr("href", ""))
 
 		exp := b.get(f.keysURL("expiring=1"))
 		require.Equal(t, []string{"soon"}, dashKeys(exp.rows()))
 		require.True(t, exp.testid("filter-expiring").Is("[checked]"))
-		require.Equal(t, "/operations/"+soon.OperationID, exp.testid("key-link").AttrOr("href", ""))
+		require.Equal(t, withBack("/operations/"+soon.OperationID, "/keys?expiring=1&operation="+url.QueryEscape(f.op)), exp.testid("key-link").AttrOr("href", ""))
 
 		none := b.get(f.keysURL("prefix=nothing-starts-like-this"))
 		require.Equal(t, 1, none.testid("keys-empty").Length())

@@ -52,6 +52,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	app.Get("/keys", pageHeaders, signedIn, csrfProtect, handleKeysPage(s))
 	app.Get("/", pageHeaders, signedIn, csrfProtect, handleOverviewPage(s))
 	app.Get(queueURL, pageHeaders, signedIn, csrfProtect, handleQueuePage(s))
+	app.Get(queueURL+"/next", pageHeaders, signedIn, handleQueueNext(s))
 
 	// An operation and its actions (dashboard_operation.go). requireActor refuses read-only
 	// accounts after the CSRF check and before the handler; the services check the role again.
