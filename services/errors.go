@@ -27,6 +27,9 @@ const (
 	CodeStoreUnavailable    = "store_unavailable"
 	CodeRateLimited         = "rate_limited"
 	CodeInternal            = "internal"
+	// CodeJobIDReused refuses a bulk reconciliation whose job_id names an earlier job with
+	// another outcome, note or selection (docs/reference.md §10).
+	CodeJobIDReused = "job_id_reused"
 )
 
 // FieldError names one invalid request field and says what is wrong with it, for the
