@@ -90,6 +90,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 				p.Filter.Tenants = append(p.Filter.Tenants, views.Option{Value: strconv.FormatInt(t.ID, 10), Label: t.Name})
 			}
 		}
+		p.Bulk = bulkForm(c, op, q)
 		if q.Cursor != "" {
 			p.FirstURL = q.filterOnly().url()
 		}

@@ -45,6 +45,7 @@ var statusByCode = map[string]int{
 	services.CodeStoreUnavailable:    http.StatusServiceUnavailable,
 	services.CodeRateLimited:         http.StatusTooManyRequests,
 	services.CodeInternal:            http.StatusInternalServerError,
+	services.CodeJobIDReused:         http.StatusConflict,
 }
 
 // outcomeRoute is the one route where not_owner is 403 rather than 409: docs/reference.md §4 has a wrong
