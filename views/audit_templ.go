@@ -181,7 +181,7 @@ func AuditPage(p AuditProps) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			} else {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "<div class=\"table-wrap\"><table class=\"table\" data-testid=\"audit-table\"><thead><tr><th scope=\"col\">Key</th>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "<div class=\"table-wrap\" tabindex=\"0\" role=\"region\" aria-label=\"Audit log\"><table class=\"table\" data-testid=\"audit-table\"><thead><tr><th scope=\"col\">Key</th>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

@@ -194,7 +194,7 @@ func JobPage(p JobProps) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			} else {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "<div class=\"table-wrap\" tabindex=\"0\" role=\"region\" aria-label=\"Operations of the job\"><table class=\"table\" data-testid=\"job-table\"><thead><tr><th scope=\"col\">Operation</th><th scope=\"col\">Result</th><th scope=\"col\">Why</th></tr></thead> <tbody>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "<div class=\"table-wrap\" tabindex=\"0\" role=\"region\" aria-label=\"Operations of the job table\"><table class=\"table\" data-testid=\"job-table\"><thead><tr><th scope=\"col\">Operation</th><th scope=\"col\">Result</th><th scope=\"col\">Why</th></tr></thead> <tbody>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

@@ -574,7 +574,7 @@ func KeysPage(p KeysProps) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			} else {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 42, "<div class=\"table-wrap\"><table class=\"table\" data-testid=\"keys-table\"><thead><tr><th scope=\"col\">Key</th>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 42, "<div class=\"table-wrap\" tabindex=\"0\" role=\"region\" aria-label=\"Keys\"><table class=\"table\" data-testid=\"keys-table\"><thead><tr><th scope=\"col\">Key</th>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
