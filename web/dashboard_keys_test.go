@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -75,5 +76,29 @@ func TestAPIListKeysByPrefix(t *testing.T) {
 			got = append(got, it.(map[string]any)["key"].(string))
 		}
 		require.Equal(t, []string{"ключ/2", "ключ/1"}, got, "case-sensitive, newest first")
+	})
+}
+
+// TestDashboardKeysTenantFilter: a global account picks a tenant from the filter's select and
+// sees only that tenant's keys; a restricted account's tenant parameter changes nothing.
+func TestDashboardKeysTenantFilter(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		f.acquire(t, f.pA, "tf-a")
+		f.acquire(t, f.pB, "tf-b")
+		g := newDashBrowser(t, f.s)
+		g.mustLogin(f.global)
+		all := g.get(f.keysURL(""))
+		require.ElementsMatch(t, []string{"tf-a", "tf-b"}, dashKeys(all.rows()))
+		idB := strconv.FormatInt(f.pB.TenantID, 10)
+		require.Equal(t, 1, all.testid("filter-tenant").Find(`option[value="`+idB+`"]`).Length(), "tenant B is offered")
+		onlyB := g.get(f.keysURL("tenant=" + idB))
+		require.Equal(t, []string{"tf-b"}, dashKeys(onlyB.rows()))
+		require.Equal(t, idB, onlyB.testid("filter-tenant").Find("option[selected]").AttrOr("value", ""))
+		require.Equal(t, http.StatusBadRequest, g.get("/keys?tenant=x").status)
+
+		r := newDashBrowser(t, f.s)
+		r.mustLogin(f.restricted)
+		require.Equal(t, []string{"tf-a"}, dashKeys(r.get(f.keysURL("tenant="+idB)).rows()), "a restricted account stays in its tenant")
+		require.Zero(t, r.get(f.keysURL("")).testid("filter-tenant").Length())
 	})
 }
