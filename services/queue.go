@@ -204,3 +204,28 @@ func decodeQueueCursor(c string) (time.Time, string, error) {
 	}
 	return time.Unix(0, ns).UTC(), u.String(), nil
 }
+
+// CountQueue counts the dashboard queue's operations under f's filter (State, Reason,
+// UncertainBefore; Limit and Cursor are ignored), over one tenant or every tenant when
+// tenantID is nil, for the queue page's total. The partial indexes of the queue serve it.
+// Errors: ErrInvalidRequest (field "reason"), ErrStoreUnavailable.
+func (ds *Dashboard) CountQueue(ctx context.Context, tenantID *int64, f OperationFilter) (int64, error) {
+	if len(f.Reason) > 64 || strings.Trim(f.Reason, "abcdefghijklmnopqrstuvwxyz_") != "" {
+		return 0, invalid(FieldError{Field: "reason", Message: "must be a reason code such as ttl_expired_without_outcome"})
+	}
+	q := ds.db.WithContext(ctx).Model(&models.Operation{}).Where("state = ?", StateUncertain)
+	if tenantID != nil {
+		q = q.Where("tenant_id = ?", *tenantID)
+	}
+	if f.Reason != "" {
+		q = q.Where("state_reason = ?", f.Reason)
+	}
+	if !f.UncertainBefore.IsZero() {
+		q = q.Where("uncertain_at < ?", f.UncertainBefore.UTC())
+	}
+	var n int64
+	if err := q.Count(&n).Error; err != nil {
+		return 0, storeError("count queue", err)
+	}
+	return n, nil
+}

@@ -90,6 +90,9 @@ func handleQueuePage(s *Server) fiber.Handler {
 				p.Filter.Tenants = append(p.Filter.Tenants, views.Option{Value: strconv.FormatInt(t.ID, 10), Label: t.Name})
 			}
 		}
+		if p.Total, err = s.dash.CountQueue(c.UserContext(), tenant, f); err != nil {
+			return err
+		}
 		p.Bulk = bulkForm(c, op, q)
 		if q.Cursor != "" {
 			p.FirstURL = q.filterOnly().url()

@@ -88,6 +88,7 @@ func TestQueueFlow(t *testing.T) {
 		queue := b.get("/reconciliation")
 		require.Equal(t, http.StatusOK, queue.status, queue.body)
 		require.Equal(t, withBack("/operations/"+first.OperationID, "/reconciliation"), queue.testid("queue-link").First().AttrOr("href", ""))
+		require.Equal(t, "3 operations need reconciliation.", strings.Join(strings.Fields(queue.testid("queue-total").Text()), " "))
 		require.Regexp(t, `^[0-9]+s$`, strings.TrimSpace(queue.testid("queue-age").First().Text()), "age of a fresh item")
 		require.Equal(t, "0", queue.testid("queue-table").Parent().AttrOr("tabindex", ""), "the table scrolls in a focusable region")
 
@@ -150,6 +151,7 @@ func TestQueueFilterCarried(t *testing.T) {
 		back := "/reconciliation?before=2999-01-01T00%3A00"
 		page := b.get(back)
 		require.Equal(t, 2, page.testid("queue-row").Length())
+		require.Equal(t, "2 operations match the filter.", strings.Join(strings.Fields(page.testid("queue-total").Text()), " "))
 		require.Equal(t, withBack("/operations/"+a.OperationID, back), page.testid("queue-link").First().AttrOr("href", ""))
 		op := b.get(page.testid("queue-link").First().AttrOr("href", ""))
 		require.Equal(t, back, op.testid("op-back").AttrOr("href", ""))
