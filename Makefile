@@ -7,7 +7,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test check generate bench fmt e2e fuzz fuzz-corpus vuln verify
+.PHONY: run test check generate bench fmt e2e fuzz fuzz-corpus vuln verify screenshots
 
 run:
 	$(GO) run .
@@ -48,6 +48,13 @@ e2e:
 	.ci/postgres.sh
 	bash e2e/setup.sh
 	$(GO) test -tags e2e -count=1 -timeout 10m ./e2e/
+
+# Regenerate the README's screenshots: every page at 1280 px and 390 px into docs/screenshots/
+# (TestPagesAccessible saves them when E2E_SCREENSHOTS is set), then commit the PNGs.
+screenshots:
+	.ci/postgres.sh
+	bash e2e/setup.sh
+	E2E_SCREENSHOTS=docs/screenshots $(GO) test -tags e2e -count=1 -timeout 5m -run 'TestPagesAccessible' ./e2e/
 
 # gofmt, go vet, staticcheck and an up-to-date templ generate (the first phases of test).
 check:

@@ -235,3 +235,43 @@ type WebhookEvent struct {
 
 // TableName pins the table name.
 func (WebhookEvent) TableName() string { return "webhook_events" }
+// ReconciliationJob is one bulk reconciliation (migration 00011): the outcome and note applied
+// to a frozen list of operations (OperationIDs, a JSON array of ids), unique per (Scope,
+// JobKey) so a resubmitted job is the same job. Status is "running" until every operation
+// has an item, then "completed"; Total, Done and Skipped count the items when it completed.
+type ReconciliationJob struct {
+	ID           string
+	Scope        string
+	JobKey       string
+	TenantID     *int64
+	Actor        string
+	Status       string
+	Outcome      string
+	Note         string
+	Selection    string
+	Filter       *string
+	OperationIDs string `gorm:"column:operation_ids"`
+	RequestHash  string
+	Limited      bool
+	Total        int
+	Done         int
+	Skipped      int
+	CreatedAt    time.Time
+	FinishedAt   *time.Time
+}
+
+// TableName pins the table name.
+func (ReconciliationJob) TableName() string { return "reconciliation_jobs" }
+
+// ReconciliationJobItem is what a bulk reconciliation did to one operation: Result "done"
+// (reconciled, with its own event) or "skipped" (Detail says why).
+type ReconciliationJobItem struct {
+	JobID       string `gorm:"primaryKey"`
+	OperationID string `gorm:"primaryKey"`
+	Result      string
+	Detail      string
+	CreatedAt   time.Time
+}
+
+// TableName pins the table name.
+func (ReconciliationJobItem) TableName() string { return "reconciliation_job_items" }

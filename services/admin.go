@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
@@ -95,11 +96,24 @@ func (a *Auth) ListAPIKeys(ctx context.Context, acct *OperatorAccount) ([]APIKey
 }
 
 // AdminCreateAPIKey is CreateAPIKey (generated secret) on behalf of acct. The returned secret
-// is the only copy. Errors: ErrUnauthorized unless acct is a global admin, ErrInvalidRequest,
+// is the only copy. Errors: ErrUnauthorized unless acct is a global admin, ErrInvalidRequest
+// (including field tenant when the name differs from an existing tenant's only by letter case),
 // ErrStoreUnavailable.
 func (a *Auth) AdminCreateAPIKey(ctx context.Context, acct *OperatorAccount, tenant, label string) (string, error) {
 	if err := requireGlobalAdmin(acct); err != nil {
 		return "", err
+	}
+	// A new tenant whose name differs from an existing one only by letter case is almost
+	// always a typo ("Shop" beside "shop"): refuse it and name the existing tenant.
+	var near []models.Tenant
+	if err := a.db.WithContext(ctx).Where("lower(name) = lower(?) AND name <> ?", tenant, tenant).Limit(1).
+		Find(&near).Error; err != nil {
+		return "", storeError("create API key", err)
+	}
+	if len(near) > 0 {
+		return "", invalid(FieldError{Field: "tenant", Message: fmt.Sprintf(
+			"differs from the existing tenant %q only by letter case; choose %q from the list, or a clearly different name",
+			near[0].Name, near[0].Name)})
 	}
 	secret, err := a.CreateAPIKey(ctx, tenant, label, "")
 	if err == nil {

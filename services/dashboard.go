@@ -91,3 +91,27 @@ func (r *reader) tenantNames(ctx context.Context, ks []models.IdemKey) (map[int6
 	}
 	return names, nil
 }
+
+// TenantRef names one tenant for the dashboard's tenant filters and pickers.
+type TenantRef struct {
+	ID   int64
+	Name string
+}
+
+// MaxTenantChoices bounds how many tenants a filter's select lists; beyond it the list is cut
+// (by name) rather than rendering an unbounded page.
+const MaxTenantChoices = 1000
+
+// Tenants lists the tenants by name, at most MaxTenantChoices, for global accounts' tenant
+// filters. Errors: ErrStoreUnavailable.
+func (ds *Dashboard) Tenants(ctx context.Context) ([]TenantRef, error) {
+	var ts []models.Tenant
+	if err := ds.db.WithContext(ctx).Order("name, id").Limit(MaxTenantChoices).Find(&ts).Error; err != nil {
+		return nil, storeError("list tenants", err)
+	}
+	out := make([]TenantRef, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, TenantRef{ID: t.ID, Name: t.Name})
+	}
+	return out, nil
+}

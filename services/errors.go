@@ -29,6 +29,9 @@ const (
 	CodeLeaseExpired        = "lease_expired"
 	CodeTooManyWaiters      = "too_many_waiters"
 	CodeInternal            = "internal"
+	// CodeJobIDReused refuses a bulk reconciliation whose job_id names an earlier job with
+	// another outcome, note or selection (docs/reference.md §10).
+	CodeJobIDReused = "job_id_reused"
 )
 
 // FieldError names one invalid request field and says what is wrong with it, for the

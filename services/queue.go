@@ -16,11 +16,16 @@ import (
 // OperationFilter selects operations for ListOperations. State is required and must be
 // uncertain: the list is the reconciliation queue, ordered by the time each operation became
 // uncertain, an order only that state has (other states are listed per key by ListKeys).
-// Cursor is an opaque value from a previous page's NextCursor.
+// Cursor is an opaque value from a previous page's NextCursor. Reason and UncertainBefore
+// narrow the dashboard's queue (and a bulk reconciliation by filter): only operations whose
+// state_reason is Reason ("" for any), and only those that became uncertain before
+// UncertainBefore (zero for any). A cursor is valid only with the filter it was made with.
 type OperationFilter struct {
-	State  string
-	Limit  int
-	Cursor string
+	State           string
+	Limit           int
+	Cursor          string
+	Reason          string
+	UncertainBefore time.Time
 }
 
 // QueuedOperation is one entry of the dashboard's reconciliation queue: the operation, its
@@ -76,6 +81,9 @@ func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilt
 	default:
 		fe = append(fe, FieldError{Field: "state", Message: "must be uncertain"})
 	}
+	if len(f.Reason) > 64 || strings.Trim(f.Reason, "abcdefghijklmnopqrstuvwxyz_") != "" {
+		fe = append(fe, FieldError{Field: "reason", Message: "must be a reason code such as ttl_expired_without_outcome"})
+	}
 	curAt, curID, err := decodeQueueCursor(f.Cursor)
 	if err != nil {
 		fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
@@ -93,6 +101,12 @@ func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilt
 	q := tx.Where("state = ?", StateUncertain)
 	if tenantID != nil {
 		q = q.Where("tenant_id = ?", *tenantID)
+	}
+	if f.Reason != "" {
+		q = q.Where("state_reason = ?", f.Reason)
+	}
+	if !f.UncertainBefore.IsZero() {
+		q = q.Where("uncertain_at < ?", f.UncertainBefore.UTC())
 	}
 	if f.Cursor != "" {
 		q = q.Where("(uncertain_at, id) > (?, ?)", curAt, curID)
@@ -189,4 +203,29 @@ func decodeQueueCursor(c string) (time.Time, string, error) {
 		return time.Time{}, "", errors.New("malformed cursor")
 	}
 	return time.Unix(0, ns).UTC(), u.String(), nil
+}
+
+// CountQueue counts the dashboard queue's operations under f's filter (State, Reason,
+// UncertainBefore; Limit and Cursor are ignored), over one tenant or every tenant when
+// tenantID is nil, for the queue page's total. The partial indexes of the queue serve it.
+// Errors: ErrInvalidRequest (field "reason"), ErrStoreUnavailable.
+func (ds *Dashboard) CountQueue(ctx context.Context, tenantID *int64, f OperationFilter) (int64, error) {
+	if len(f.Reason) > 64 || strings.Trim(f.Reason, "abcdefghijklmnopqrstuvwxyz_") != "" {
+		return 0, invalid(FieldError{Field: "reason", Message: "must be a reason code such as ttl_expired_without_outcome"})
+	}
+	q := ds.db.WithContext(ctx).Model(&models.Operation{}).Where("state = ?", StateUncertain)
+	if tenantID != nil {
+		q = q.Where("tenant_id = ?", *tenantID)
+	}
+	if f.Reason != "" {
+		q = q.Where("state_reason = ?", f.Reason)
+	}
+	if !f.UncertainBefore.IsZero() {
+		q = q.Where("uncertain_at < ?", f.UncertainBefore.UTC())
+	}
+	var n int64
+	if err := q.Count(&n).Error; err != nil {
+		return 0, storeError("count queue", err)
+	}
+	return n, nil
 }

@@ -57,18 +57,60 @@
   }
 })();
 
-// Copy buttons: <button data-copy-target="ID"> copies the text of element ID (e.g. a secret
-// shown once) to the clipboard. Without JavaScript or clipboard access the text stays
-// selectable by hand.
+// Local-time tooltips and copy buttons. The server renders every time in UTC inside
+// <time datetime="…">; this adds the reader's local time as the title. Elements with
+// data-copy="text" get a small "Copy" button after them. Both are progressive: without
+// JavaScript the page shows UTC and the text can be selected by hand. No inline script or
+// style is used, so the Content-Security-Policy stays strict.
 (function () {
   "use strict";
-  document.addEventListener("click", function (ev) {
-    var btn = ev.target.closest ? ev.target.closest("[data-copy-target]") : null;
-    if (!btn || !navigator.clipboard) return;
-    var el = document.getElementById(btn.getAttribute("data-copy-target"));
-    if (!el) return;
-    navigator.clipboard.writeText(el.textContent.trim()).then(function () {
-      btn.textContent = "Copied";
-    });
-  });
+
+  function localTitles(root) {
+    var els = root.querySelectorAll("time[datetime]");
+    for (var i = 0; i < els.length; i++) {
+      var el = els[i], iso = el.getAttribute("datetime");
+      if (!iso || el.hasAttribute("data-local")) continue;
+      var d = new Date(iso);
+      if (isNaN(d.getTime())) continue;
+      el.setAttribute("title", "Your local time: " + d.toLocaleString());
+      el.setAttribute("data-local", "1");
+    }
+  }
+
+  function copyButtons(root) {
+    var els = root.querySelectorAll("[data-copy]");
+    for (var i = 0; i < els.length; i++) {
+      var el = els[i];
+      if (el.hasAttribute("data-copy-ready") || !navigator.clipboard) continue;
+      el.setAttribute("data-copy-ready", "1");
+      var btn = document.createElement("button");
+      btn.type = "button";
+      btn.className = "btn btn--copy";
+      btn.textContent = "Copy";
+      btn.setAttribute("aria-label", "Copy " + (el.getAttribute("data-copy-label") || "value"));
+      btn.setAttribute("data-testid", "copy-button");
+      (function (el, btn) {
+        btn.addEventListener("click", function () {
+          var text = el.getAttribute("data-copy") || el.textContent.trim();
+          navigator.clipboard.writeText(text).then(function () {
+            btn.textContent = "Copied";
+            window.setTimeout(function () { btn.textContent = "Copy"; }, 1500);
+          });
+        });
+      })(el, btn);
+      el.insertAdjacentElement("afterend", btn);
+    }
+  }
+
+  function enhance() {
+    localTitles(document);
+    copyButtons(document);
+  }
+
+  document.addEventListener("htmx:afterSettle", enhance);
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", enhance);
+  } else {
+    enhance();
+  }
 })();

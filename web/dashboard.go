@@ -52,7 +52,14 @@ func (s *Server) renderErrorPage(c *fiber.Ctx, status int, msg string) error {
 	if title == "" {
 		title = "Error"
 	}
-	err := render(c, status, views.ErrorPage(views.ErrorProps{Status: status, Title: title, Message: msg, RequestID: requestID(c)}))
+	props := views.ErrorProps{Status: status, Title: title, Message: msg, RequestID: requestID(c)}
+	// Signed in (and past the CSRF middleware, so the sign-out form works): the site's frame.
+	if op := currentOperator(c); op != nil && csrfToken(c) != "" {
+		if nav, err := s.navFor(c, op, ""); err == nil {
+			props.Nav = &nav
+		}
+	}
+	err := render(c, status, views.ErrorPage(props))
 	if err != nil {
 		s.log.ErrorContext(c.UserContext(), "render error page", "err", err)
 		c.Status(status)
@@ -230,11 +237,12 @@ func safeNext(raw string) string {
 	return strings.Clone(raw)
 }
 
+// nextOrDefault is where sign-in lands: the safe next page, else the Overview.
 func nextOrDefault(raw string) string {
 	if n := safeNext(raw); n != "" {
 		return n
 	}
-	return "/keys"
+	return "/"
 }
 
 // navFor builds the page frame's view of the signed-in operator.

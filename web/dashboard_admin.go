@@ -48,12 +48,23 @@ func handleAdminPage(s *Server) fiber.Handler {
 // shows the new secret this once: the secret is never put in a URL or the session.
 func handleAdminKeyCreate(s *Server) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		form := views.AdminKeyFormValues{Tenant: strings.TrimSpace(c.FormValue("tenant")), Label: c.FormValue("label")}
-		secret, err := s.auth.AdminCreateAPIKey(c.UserContext(), currentOperator(c), form.Tenant, form.Label)
+		// The tenant comes from the select of existing tenants, or the "new tenant" field when
+		// it is filled in.
+		form := views.AdminKeyFormValues{Tenant: strings.TrimSpace(c.FormValue("tenant")),
+			NewTenant: strings.TrimSpace(c.FormValue("new_tenant")), Label: c.FormValue("label")}
+		tenant := form.Tenant
+		if form.NewTenant != "" {
+			tenant = form.NewTenant
+		}
+		if tenant == "" {
+			return s.renderAdmin(c, fiber.StatusBadRequest, views.AdminProps{KeyForm: form,
+				ActionError: "API key not created: choose a tenant from the list or type a new tenant's name. Nothing was changed."})
+		}
+		secret, err := s.auth.AdminCreateAPIKey(c.UserContext(), currentOperator(c), tenant, form.Label)
 		if err != nil {
 			return s.refuseAdmin(c, err, "API key not created: ", views.AdminProps{KeyForm: form})
 		}
-		return s.renderAdmin(c, fiber.StatusOK, views.AdminProps{NewSecret: secret, NewSecretTenant: form.Tenant,
+		return s.renderAdmin(c, fiber.StatusOK, views.AdminProps{NewSecret: secret, NewSecretTenant: tenant,
 			Flash: "API key created."})
 	}
 }
@@ -163,6 +174,13 @@ func (s *Server) renderAdmin(c *fiber.Ctx, status int, p views.AdminProps) error
 	p.Roles = adminRoles
 	if err := s.adminWebhooksProps(c, acct, &p.Webhooks); err != nil {
 		return err
+	}
+	tenants, err := s.dash.Tenants(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range tenants {
+		p.Tenants = append(p.Tenants, t.Name)
 	}
 	if p.OperatorForm.Role == "" {
 		p.OperatorForm.Role = services.RoleOperator

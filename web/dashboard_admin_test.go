@@ -304,3 +304,42 @@ func TestDashboardAdminRequiresCSRF(t *testing.T) {
 		require.EqualValues(t, 1, n)
 	})
 }
+
+// TestDashboardAdminTenantChoice: the API key form offers the existing tenants in a select; a
+// new tenant's name that differs from an existing one only by letter case is refused, naming
+// the existing tenant, and nothing is created; choosing it from the list works.
+func TestDashboardAdminTenantChoice(t *testing.T) {
+	for _, db := range dbs.All() {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			s := newTestServer(t, db)
+			b := newDashBrowser(t, s)
+			b.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
+			shop := "shop-" + dashRandom()
+			page := b.get("/admin")
+			res := b.post("/admin/api-keys", url.Values{"new_tenant": {shop}, "label": {"first"}, "_csrf": {page.csrf(t)}})
+			require.Equal(t, http.StatusOK, res.status, res.body)
+			require.Equal(t, 1, res.testid("new-secret").Length())
+
+			page = b.get("/admin")
+			require.Equal(t, 1, page.testid("apikey-tenant-select").Find(`option[value="`+shop+`"]`).Length(), "the tenant is offered")
+			typo := strings.ToUpper(shop[:1]) + shop[1:]
+			res = b.post("/admin/api-keys", url.Values{"tenant": {""}, "new_tenant": {typo + " "}, "label": {"typo"}, "_csrf": {page.csrf(t)}})
+			require.Equal(t, http.StatusBadRequest, res.status)
+			msg := opSelText(res.testid("action-error"))
+			require.Contains(t, msg, "only by letter case")
+			require.Contains(t, msg, shop)
+			require.Equal(t, 0, res.testid("new-secret").Length())
+			var n int64
+			require.NoError(t, db.Model(&models.Tenant{}).Where("name = ?", typo).Count(&n).Error)
+			require.Zero(t, n, "no tenant from the typo")
+
+			res = b.post("/admin/api-keys", url.Values{"tenant": {""}, "new_tenant": {""}, "label": {"x"}, "_csrf": {page.csrf(t)}})
+			require.Equal(t, http.StatusBadRequest, res.status)
+			require.Contains(t, opSelText(res.testid("action-error")), "choose a tenant")
+
+			res = b.post("/admin/api-keys", url.Values{"tenant": {shop}, "label": {"second"}, "_csrf": {page.csrf(t)}})
+			require.Equal(t, http.StatusOK, res.status, res.body)
+			require.Equal(t, 1, res.testid("new-secret").Length())
+		})
+	}
+}

@@ -2,6 +2,7 @@ package web
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,9 +69,39 @@ const csvFlushRows = 256
 var auditCSVHeader = []string{"tenant", "key", "attempted_at", "result", "operation_id", "attempt_id", "caller", "fingerprint", "correlation_id",
 	"possible_duplicate_effect"}
 
-// auditQuery is the Audit page's query string as given; the same parameters drive the export.
+// auditQuery is the Audit page's query string as given; From, To and Tenant also drive the
+// export. Flagged and Sort only shape the page's rows: the export lists every attempt.
 type auditQuery struct {
 	From, To, Tenant string
+	Flagged          bool
+	Sort             string
+}
+
+// auditSorts are the Audit page's row orders; the first is the default.
+var auditSorts = []views.Option{
+	{Value: "last", Label: "Latest attempt first"},
+	{Value: "first", Label: "Earliest attempt first"},
+	{Value: "attempts", Label: "Most attempts first"},
+}
+
+// shapeAuditGroups applies the page's flagged-only filter and sort to the report's groups
+// (already capped at services.MaxAuditGroups, newest first).
+func shapeAuditGroups(gs []services.AuditGroup, flagged bool, sort string) []services.AuditGroup {
+	out := make([]services.AuditGroup, 0, len(gs))
+	for _, g := range gs {
+		if !flagged || g.PossibleDuplicateEffect {
+			out = append(out, g)
+		}
+	}
+	switch sort {
+	case "first":
+		slices.SortStableFunc(out, func(a, b services.AuditGroup) int { return a.FirstAt.Compare(b.FirstAt) })
+	case "attempts":
+		slices.SortStableFunc(out, func(a, b services.AuditGroup) int {
+			return cmp.Compare(b.Duplicates+b.Conflicts, a.Duplicates+a.Conflicts)
+		})
+	}
+	return out
 }
 
 // parseAuditQuery reads from, to and (for global accounts only) tenant. The strings are
@@ -79,6 +111,15 @@ func parseAuditQuery(c *fiber.Ctx, op *services.OperatorAccount) (auditQuery, se
 	q := auditQuery{From: strings.Clone(strings.TrimSpace(c.Query("from"))), To: strings.Clone(strings.TrimSpace(c.Query("to")))}
 	if services.SeesAllTenants(op) {
 		q.Tenant = strings.Clone(strings.TrimSpace(c.Query("tenant")))
+	}
+	q.Flagged = c.Query("flagged") != ""
+	q.Sort = auditSorts[0].Value
+	if hasSort := c.Query("sort"); hasSort != "" {
+		for _, o := range auditSorts {
+			if o.Value == hasSort {
+				q.Sort = o.Value
+			}
+		}
 	}
 	f := services.AuditFilter{Tenant: q.Tenant}
 	var ok bool
@@ -107,7 +148,14 @@ func parseAuditTime(raw string) (time.Time, bool) {
 // values is q as query parameters, leaving out the empty ones.
 func (q auditQuery) values() url.Values {
 	v := url.Values{}
-	for k, x := range map[string]string{"from": q.From, "to": q.To, "tenant": q.Tenant} {
+	flagged, sort := "", q.Sort
+	if q.Flagged {
+		flagged = "1"
+	}
+	if sort == auditSorts[0].Value {
+		sort = ""
+	}
+	for k, x := range map[string]string{"from": q.From, "to": q.To, "tenant": q.Tenant, "flagged": flagged, "sort": sort} {
 		if x != "" {
 			v.Set(k, x)
 		}
@@ -147,7 +195,9 @@ func handleAuditPage(s *Server) fiber.Handler {
 			return err
 		}
 		csvURL := "/audit.csv"
-		if v := q.values(); len(v) > 0 {
+		pageOnly := q
+		pageOnly.Flagged, pageOnly.Sort = false, ""
+		if v := pageOnly.values(); len(v) > 0 {
 			csvURL += "?" + v.Encode()
 		}
 		const shown = "2006-01-02 15:04:05"
@@ -156,7 +206,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 			ShowTenant: services.SeesAllTenants(op),
 			Filter: views.AuditFilterView{
 				From: rep.Filter.From.Format(auditInputLayout), To: rep.Filter.To.Format(auditInputLayout),
-				Tenant: q.Tenant, Active: len(q.values()) > 0,
+				Tenant: q.Tenant, Active: len(q.values()) > 0, Flagged: q.Flagged, Sort: q.Sort, Sorts: auditSorts,
 			},
 			Range:     rep.Filter.From.Format(shown) + " – " + rep.Filter.To.Format(shown) + " UTC",
 			Rows:      make([]views.AuditRowView, 0, len(rep.Groups)),
@@ -164,7 +214,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 			Cap:       strconv.Itoa(services.MaxAuditGroups),
 			CSVURL:    csvURL,
 		}
-		for _, g := range rep.Groups {
+		for _, g := range shapeAuditGroups(rep.Groups, q.Flagged, q.Sort) {
 			tenant := g.TenantName
 			if tenant == "" {
 				tenant = "#" + strconv.FormatInt(g.TenantID, 10)

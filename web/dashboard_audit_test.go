@@ -250,3 +250,43 @@ func TestDashboardAuditPossibleDuplicateEffect(t *testing.T) {
 		require.Zero(t, b.get("/operations/"+clean2.OperationID).testid("op-possible-duplicate").Length())
 	})
 }
+
+// TestDashboardAuditFlaggedAndSort: "possible duplicate effects only" keeps the flagged keys,
+// "most attempts first" orders by duplicate plus conflicting attempts, and the CSV link keeps
+// the time and tenant filter only (the export lists every attempt).
+func TestDashboardAuditFlaggedAndSort(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		ctx := context.Background()
+		resold1 := f.opAcquire(t, f.pA, "resold", 1, "")
+		_, err := f.s.adm.RecordOutcome(ctx, f.pA, resold1.OperationID, services.OutcomeInput{OwnerToken: resold1.OwnerToken,
+			Status: "succeeded"})
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond)
+		f.opAcquire(t, f.pA, "resold", 300, "")
+		f.acquire(t, f.pA, "few")
+		f.acquire(t, f.pA, "few")
+		f.acquire(t, f.pA, "many")
+		for range 3 {
+			f.acquire(t, f.pA, "many")
+		}
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		keys := func(p dashPage) []string {
+			var out []string
+			for _, r := range p.auditRows() {
+				out = append(out, r.key)
+			}
+			return out
+		}
+		all := b.get("/audit")
+		require.ElementsMatch(t, []string{"resold", "few", "many"}, keys(all))
+		flagged := b.get("/audit?flagged=1")
+		require.Equal(t, []string{"resold"}, keys(flagged))
+		require.True(t, flagged.testid("audit-flagged").Is("[checked]"))
+		byAttempts := b.get("/audit?sort=attempts")
+		require.Equal(t, []string{"many", "few", "resold"}, keys(byAttempts))
+		require.Equal(t, "/audit.csv", byAttempts.testid("audit-csv").AttrOr("href", ""))
+		require.Equal(t, "attempts", byAttempts.testid("audit-sort").Find("option[selected]").AttrOr("value", ""))
+	})
+}

@@ -31,6 +31,9 @@ var keyStates = []views.Option{
 // keysQuery is the Keys page's query string: plain GET parameters, so filters and pages are
 // links that work without JavaScript and can be shared.
 type keysQuery struct {
+	// Tenant narrows a global account's list to one tenant (by id); ignored for restricted
+	// accounts, which see one tenant anyway.
+	Tenant    string
 	State     string
 	Operation string
 	Prefix    string
@@ -46,6 +49,7 @@ const expiringSoon = 5 * time.Minute
 // parameter is unusable. The service validates state, operation and cursor.
 func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
 	q := keysQuery{
+		Tenant:    strings.TrimSpace(c.Query("tenant")),
 		State:     strings.TrimSpace(c.Query("state")),
 		Operation: strings.TrimSpace(c.Query("operation")),
 		Prefix:    c.Query("prefix"),
@@ -60,12 +64,20 @@ func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
 		}
 		q.Limit = n
 	}
+	if q.Tenant != "" {
+		if n, err := strconv.ParseInt(q.Tenant, 10, 64); err != nil || n < 1 {
+			return q, "Tenant must be one of the listed tenants."
+		}
+	}
 	return q, ""
 }
 
 // url returns the Keys page URL for q, leaving out parameters at their defaults.
 func (q keysQuery) url() string {
 	v := url.Values{}
+	if q.Tenant != "" {
+		v.Set("tenant", q.Tenant)
+	}
 	if q.State != "" {
 		v.Set("state", q.State)
 	}
@@ -101,7 +113,14 @@ func handleKeysPage(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
-		page, err := s.dash.ListKeysForOperator(c.UserContext(), op.TenantID, services.KeyFilter{
+		tenant := op.TenantID
+		if services.SeesAllTenants(op) && q.Tenant != "" {
+			n, _ := strconv.ParseInt(q.Tenant, 10, 64) // checked by parseKeysQuery
+			tenant = &n
+		} else {
+			q.Tenant = ""
+		}
+		page, err := s.dash.ListKeysForOperator(c.UserContext(), tenant, services.KeyFilter{
 			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, Limit: q.Limit, Cursor: q.Cursor,
 			ExpiringWithin: expiringWithin(q.Expiring),
 		})
@@ -121,15 +140,34 @@ func handleKeysPage(s *Server) fiber.Handler {
 			Filter: views.KeysFilter{
 				State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
 				Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
-				Active: q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring,
+				Active: q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring || q.Tenant != "",
+				Tenant: q.Tenant,
 			},
 			SelfURL:                q.url(),
 			NeedsReconciliationURL: queueURL, // operations, superseded ones too: not a filter of keys
 			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
 			Rows:                   make([]views.KeyRow, 0, len(page.Items)),
 		}
+		if props.ShowTenant {
+			ts, err := s.dash.Tenants(c.UserContext())
+			if err != nil {
+				return err
+			}
+			for _, t := range ts {
+				props.Filter.Tenants = append(props.Filter.Tenants, views.Option{Value: strconv.FormatInt(t.ID, 10), Label: t.Name})
+			}
+		}
+		// The operation pages link back to this filtered list ("← Keys" keeps the filter).
+		back := ""
+		if self := q.url(); self != "/keys" {
+			back = self
+		}
 		for _, it := range page.Items {
-			props.Rows = append(props.Rows, keyRow(it, page.Now))
+			r := keyRow(it, page.Now)
+			if r.OperationURL != "" {
+				r.OperationURL = withBack(r.OperationURL, back)
+			}
+			props.Rows = append(props.Rows, r)
 		}
 		if q.Cursor != "" {
 			first := q

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -41,12 +42,17 @@ func TestDashboardKeysPrefixExpiringAndLinks(t *testing.T) {
 
 		link := page.testid("key-link").Last()
 		require.Equal(t, "invoice:2026-11:1", strings.TrimSpace(link.Text()))
-		require.Equal(t, "/operations/"+inv.OperationID, link.AttrOr("href", ""))
+		// The link carries the filtered list back, so "← Keys" on the operation page keeps it.
+		require.Equal(t, withBack("/operations/"+inv.OperationID, "/keys?operation="+url.QueryEscape(f.op)+"&prefix="+url.QueryEscape("invoice:2026-")),
+			link.AttrOr("href", ""))
+		opPage := b.get(link.AttrOr("href", ""))
+		require.Equal(t, "← Keys", strings.TrimSpace(opPage.testid("op-back").Text()))
+		require.Equal(t, "/keys?operation="+url.QueryEscape(f.op)+"&prefix="+url.QueryEscape("invoice:2026-"), opPage.testid("op-back").AttrOr("href", ""))
 
 		exp := b.get(f.keysURL("expiring=1"))
 		require.Equal(t, []string{"soon"}, dashKeys(exp.rows()))
 		require.True(t, exp.testid("filter-expiring").Is("[checked]"))
-		require.Equal(t, "/operations/"+soon.OperationID, exp.testid("key-link").AttrOr("href", ""))
+		require.Equal(t, withBack("/operations/"+soon.OperationID, "/keys?expiring=1&operation="+url.QueryEscape(f.op)), exp.testid("key-link").AttrOr("href", ""))
 
 		none := b.get(f.keysURL("prefix=nothing-starts-like-this"))
 		require.Equal(t, 1, none.testid("keys-empty").Length())
@@ -70,5 +76,29 @@ func TestAPIListKeysByPrefix(t *testing.T) {
 			got = append(got, it.(map[string]any)["key"].(string))
 		}
 		require.Equal(t, []string{"ключ/2", "ключ/1"}, got, "case-sensitive, newest first")
+	})
+}
+
+// TestDashboardKeysTenantFilter: a global account picks a tenant from the filter's select and
+// sees only that tenant's keys; a restricted account's tenant parameter changes nothing.
+func TestDashboardKeysTenantFilter(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		f.acquire(t, f.pA, "tf-a")
+		f.acquire(t, f.pB, "tf-b")
+		g := newDashBrowser(t, f.s)
+		g.mustLogin(f.global)
+		all := g.get(f.keysURL(""))
+		require.ElementsMatch(t, []string{"tf-a", "tf-b"}, dashKeys(all.rows()))
+		idB := strconv.FormatInt(f.pB.TenantID, 10)
+		require.Equal(t, 1, all.testid("filter-tenant").Find(`option[value="`+idB+`"]`).Length(), "tenant B is offered")
+		onlyB := g.get(f.keysURL("tenant=" + idB))
+		require.Equal(t, []string{"tf-b"}, dashKeys(onlyB.rows()))
+		require.Equal(t, idB, onlyB.testid("filter-tenant").Find("option[selected]").AttrOr("value", ""))
+		require.Equal(t, http.StatusBadRequest, g.get("/keys?tenant=x").status)
+
+		r := newDashBrowser(t, f.s)
+		r.mustLogin(f.restricted)
+		require.Equal(t, []string{"tf-a"}, dashKeys(r.get(f.keysURL("tenant="+idB)).rows()), "a restricted account stays in its tenant")
+		require.Zero(t, r.get(f.keysURL("")).testid("filter-tenant").Length())
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -51,25 +52,40 @@ func operationURL(id string) string { return "/operations/" + url.PathEscape(id)
 // handleOperationPage is GET /operations/{id}.
 func handleOperationPage(s *Server) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		return s.renderOperation(c, fiber.StatusOK, operationForm{flash: operationFlashes[c.Query("done")]})
+		form := operationForm{flash: operationFlashes[c.Query("done")], back: safeBack(c.Query("back"))}
+		if id := c.Query("recorded"); id != "" {
+			if d, err := s.dash.OperationForOperator(c.UserContext(), currentOperator(c), c.Params("id")); err == nil {
+				form.flash = s.recordedFlash(c, currentOperator(c), id, d)
+			}
+		}
+		return s.renderOperation(c, fiber.StatusOK, form)
 	}
 }
 
 // handleOperationOutcome is POST /operations/{id}/outcome: record a confirmed outcome, then
-// back to the page (303) with a flash, or the page again with the refusal.
+// back to the page (303) with a flash, or the page again with the refusal. Opened from the
+// reconciliation queue (the form's back field is the queue), it goes on to the queue's next
+// item instead, or to the queue when it is empty, with a flash naming what was recorded.
 func handleOperationOutcome(s *Server) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		form := operationForm{outcome: views.OutcomeFormValues{
 			Status: c.FormValue("status"), Receipt: c.FormValue("receipt"), Note: c.FormValue("note"),
-		}}
+		}, back: safeBack(c.FormValue("back"))}
 		in := services.ReconcileInput{Status: form.outcome.Status, Note: form.outcome.Note}
 		if form.outcome.Receipt != "" {
 			r := form.outcome.Receipt
 			in.Receipt = &r
 		}
 		op, err := s.recon.ReconcileOutcome(c.UserContext(), currentOperator(c), c.Params("id"), in)
+		if err == nil && isQueueBack(form.back) {
+			return s.redirectToNext(c, op.ID, form.back)
+		}
 		if err == nil {
-			return c.Redirect(operationURL(op.ID)+"?done=outcome", fiber.StatusSeeOther)
+			loc := operationURL(op.ID) + "?done=outcome"
+			if form.back != "" {
+				loc += "&back=" + url.QueryEscape(form.back)
+			}
+			return c.Redirect(loc, fiber.StatusSeeOther)
 		}
 		return s.refuseAction(c, err, "Not recorded: ", form)
 	}
@@ -95,8 +111,36 @@ func handleOperationRelease(s *Server) fiber.Handler {
 	}
 }
 
+// redirectToNext answers an outcome recorded from the queue back (a value of safeBack): 303 to
+// the queue's next item under the same filter, or to the queue when it is empty, each with
+// recorded=<id> for the flash.
+func (s *Server) redirectToNext(c *fiber.Ctx, recorded, back string) error {
+	_, rawQuery, _ := strings.Cut(back, "?")
+	v, _ := url.ParseQuery(rawQuery) // safeBack re-encoded it
+	q, problem := parseQueueQuery(v)
+	if problem != "" {
+		q = queueQuery{}
+	}
+	q = q.filterOnly()
+	next, err := s.nextInQueue(c.UserContext(), currentOperator(c), q)
+	if err != nil {
+		return err
+	}
+	if next == nil {
+		loc := q.url()
+		if strings.Contains(loc, "?") {
+			loc += "&"
+		} else {
+			loc += "?"
+		}
+		return c.Redirect(loc+"recorded="+url.QueryEscape(recorded), fiber.StatusSeeOther)
+	}
+	return c.Redirect(withBack(operationURL(next.ID), q.url())+"&recorded="+url.QueryEscape(recorded), fiber.StatusSeeOther)
+}
+
 // operationForm is the state of the page's action forms after a submission.
 type operationForm struct {
+	back    string
 	status  int
 	flash   string
 	problem string
@@ -174,6 +218,11 @@ func (s *Server) renderOperation(c *fiber.Ctx, status int, form operationForm) e
 	}
 	p := operationProps(nav, d)
 	p.Flash, p.ActionError, p.Outcome, p.Release = form.flash, form.problem, form.outcome, form.release
+	p.Back, p.BackURL, p.BackLabel = form.back, form.back, backLabel(form.back)
+	if p.BackURL == "" {
+		p.BackURL = "/keys"
+	}
+	p.OutcomeFirst = d.State == services.StateUncertain
 	return render(c, status, views.OperationPage(p))
 }
 
@@ -210,7 +259,7 @@ func operationProps(nav views.Nav, d *services.OperatorOperation) views.Operatio
 	id := d.ID
 	v := views.OperationView{
 		ID: id, URL: operationURL(id), Key: d.Key, Tenant: d.TenantName, Name: opText(d.Operation.Operation), State: d.State,
-		StateReason: opText(d.StateReason), FencingToken: strconv.FormatInt(d.FencingToken, 10),
+		StateReason: humanReason(opText(d.StateReason)), FencingToken: strconv.FormatInt(d.FencingToken, 10),
 		CorrelationID: opText(d.CorrelationID), Fingerprint: opText(d.Fingerprint), ReleaseReason: opText(d.ReleaseReason),
 		Metadata: opPrettyJSON(d.Metadata), Duplicates: strconv.FormatInt(d.DuplicateAttempts, 10),
 		Conflicts: strconv.FormatInt(d.ConflictAttempts, 10), Held: "No",

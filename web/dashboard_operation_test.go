@@ -81,7 +81,8 @@ func TestDashboardOperationPage(t *testing.T) {
 
 		// An operator sees both forms, the release form carrying what the page showed.
 		require.Equal(t, 1, page.testid("outcome-form").Length())
-		require.Equal(t, "", page.testid("outcome-form").Find(`option[selected]`).AttrOr("value", "x"),
+		require.Equal(t, 2, page.testid("outcome-form").Find(`input[type="radio"][name="status"]`).Length(), "outcome radios")
+		require.Zero(t, page.testid("outcome-form").Find(`input[name="status"][checked]`).Length(),
 			"the operator must choose the outcome; nothing is preselected")
 		rel := page.testid("release-form")
 		require.Equal(t, 1, rel.Length())
@@ -347,7 +348,7 @@ func TestDashboardOperationValidation(t *testing.T) {
 		res := b.post("/operations/"+a.OperationID+"/outcome", url.Values{"status": {"failed"}, "receipt": {"r-1"},
 			"note": {""}, "_csrf": {token}})
 		require.Equal(t, "r-1", res.testid("outcome-form").Find(`input[name="receipt"]`).AttrOr("value", ""))
-		require.Equal(t, "failed", res.testid("outcome-form").Find(`option[selected]`).AttrOr("value", ""))
+		require.Equal(t, "failed", res.testid("outcome-form").Find(`input[name="status"][checked]`).AttrOr("value", ""))
 
 		d := f.opDetail(t, f.pA, a.OperationID)
 		require.Equal(t, services.StateInProgress, d.State)

@@ -35,10 +35,12 @@ func overviewProps(nav views.Nav, ov *services.Overview) views.OverviewProps {
 		Nav:                 nav,
 		NeedsReconciliation: ov.NeedsReconciliation,
 		NeedsURL:            queueURL,
-		OldestUncertain:     formatAge(ov.OldestUncertainAge),
 		AsOf:                ov.Now.UTC().Format("2006-01-02 15:04:05"),
 		Counts:              make([]views.StateCountView, 0, len(ov.Counts)),
 		Hours:               make([]views.ChartHour, 0, len(ov.Hours)),
+	}
+	if ov.OldestUncertainAge > 0 {
+		p.OldestUncertain = formatAge(ov.OldestUncertainAge)
 	}
 	for _, sc := range ov.Counts {
 		u := keysStateURL(sc.State)

@@ -110,7 +110,7 @@ func (b *dashBrowser) mustLogin(username string) {
 	b.t.Helper()
 	res := b.login(username, dashPassword)
 	require.Equal(b.t, http.StatusSeeOther, res.status, res.body)
-	require.Equal(b.t, "/keys", res.header.Get("Location"))
+	require.Equal(b.t, "/", res.header.Get("Location"), "sign-in lands on the overview")
 }
 
 // dashRow is one row of the Keys table.
@@ -278,7 +278,7 @@ func TestDashboardLoginShowsKeys(t *testing.T) {
 		require.NotNil(t, before, "the sign-in form's session holds its CSRF token")
 		res := b.post("/login", url.Values{"username": {f.restricted}, "password": {dashPassword}, "_csrf": {form.csrf(t)}})
 		require.Equal(t, http.StatusSeeOther, res.status, res.body)
-		require.Equal(t, "/keys", res.header.Get("Location"))
+		require.Equal(t, "/", res.header.Get("Location"))
 		sess := res.setCookies["idemgate_session"]
 		require.NotNil(t, sess)
 		require.True(t, sess.HttpOnly)
@@ -314,13 +314,13 @@ func TestDashboardLoginShowsKeys(t *testing.T) {
 		require.Equal(t, 0, page.testid("key-tenant").Length(), "no tenant column for a restricted account")
 		require.Contains(t, page.testid("state-badge").First().Text(), "In progress", "state has a text label")
 
-		// Signed in, / and /login lead to the keys.
+		// Signed in, / and /login lead to the Overview.
 		res = b.get("/")
 		require.Equal(t, http.StatusOK, res.status, "/ is the Overview")
 		require.Equal(t, 1, res.testid("overview-needs-reconciliation").Length())
 		res = b.get("/login")
 		require.Equal(t, http.StatusSeeOther, res.status)
-		require.Equal(t, "/keys", res.header.Get("Location"))
+		require.Equal(t, "/", res.header.Get("Location"))
 	})
 }
 
@@ -342,7 +342,7 @@ func TestDashboardLoginReturnsToRequestedPage(t *testing.T) {
 		require.Equal(t, 0, form.doc.Find(`input[name="next"]`).Length())
 		res = b2.post("/login", url.Values{"username": {f.global}, "password": {dashPassword},
 			"_csrf": {form.csrf(t)}, "next": {"//evil.example/"}})
-		require.Equal(t, "/keys", res.header.Get("Location"))
+		require.Equal(t, "/", res.header.Get("Location"))
 	})
 }
 

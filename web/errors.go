@@ -50,6 +50,7 @@ var statusByCode = map[string]int{
 	services.CodeInternal:            http.StatusInternalServerError,
 	services.CodeLeaseExpired:        http.StatusConflict,
 	services.CodeTooManyWaiters:      http.StatusServiceUnavailable,
+	services.CodeJobIDReused:         http.StatusConflict,
 }
 
 // outcomeRoute is the one route where not_owner is 403 rather than 409: docs/reference.md §4 has a wrong

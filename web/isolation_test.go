@@ -144,7 +144,55 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		}
 		// matrix maps each registered route ("METHOD /pattern") to its calls, or to nil with a
 		// reason in noTenantData.
+		// A bulk job of tenant B (its filter matches nothing, so B's operations stay as they are).
+		bJob, err := f.s.recon.BulkReconcileForAPI(context.Background(), f.pB, services.BulkReconcileInput{JobID: "b-job",
+			Status: services.StateFailed, Note: "b", Filter: &services.BulkFilter{UncertainBefore: time.Unix(1, 0)}})
+		require.NoError(t, err)
+		// A bulk job naming B's operations: each is skipped as "not found", exactly as an unknown
+		// id would be, and nothing of B's changes. The answer echoes only the ids A sent.
+		allSkipped := func(t *testing.T, raw string, results []any) {
+			t.Helper()
+			require.NotContains(t, raw, f.tenantB, "tenant B's name leaked")
+			for _, r := range results {
+				m := r.(map[string]any)
+				require.Equal(t, "skipped", m["result"], raw)
+				require.Equal(t, "not found", m["detail"], raw)
+			}
+		}
 		matrix := map[string][]call{
+			"POST /v1/reconciliations": {
+				{"/v1/reconciliations", func(t *testing.T, path string) {
+					res := api.do("POST", path, map[string]any{"job_id": "a-job", "status": "failed", "note": "n",
+						"operation_ids": []string{heldID, uncertainID}})
+					require.Equal(t, http.StatusCreated, res.status, res.raw)
+					allSkipped(t, res.raw, res.body["results"].([]any))
+				}},
+				{"/v1/reconciliations", func(t *testing.T, path string) {
+					res := api.do("POST", path, map[string]any{"job_id": "a-filter", "status": "failed", "note": "n", "filter": map[string]any{}})
+					require.Equal(t, http.StatusCreated, res.status, res.raw)
+					require.Empty(t, res.body["results"], "B's uncertain operation is not in A's filter")
+					noLeak(t, res.raw)
+				}},
+			},
+			"GET /reconciliation/next": {{"/reconciliation/next", func(t *testing.T, path string) {
+				p := op.get(path)
+				require.Equal(t, http.StatusSeeOther, p.status)
+				require.Equal(t, "/reconciliation", p.header.Get("Location"), "A's queue is empty")
+			}}},
+			"POST /reconciliation/jobs": {{"/reconciliation/jobs", func(t *testing.T, path string) {
+				p := op.post(path, url.Values{"_csrf": {csrf}, "job_id": {"a-dash"}, "scope": {"selected"}, "status": {"failed"},
+					"note": {"n"}, "operation_ids": {uncertainID}})
+				require.Equal(t, http.StatusSeeOther, p.status, p.body)
+				job := op.get(p.header.Get("Location"))
+				require.Equal(t, http.StatusOK, job.status)
+				require.Equal(t, "skipped", job.testid("job-row").AttrOr("data-result", ""))
+				require.Contains(t, job.testid("job-row").Text(), "not found")
+				all := op.post(path, url.Values{"_csrf": {csrf}, "job_id": {"a-dash-all"}, "scope": {"filter"}, "status": {"failed"},
+					"note": {"n"}, "tenant": {strconv.FormatInt(f.pB.TenantID, 10)}})
+				require.Equal(t, http.StatusSeeOther, all.status, all.body)
+				require.Zero(t, op.get(all.header.Get("Location")).testid("job-row").Length(), "a tenant parameter does not widen a restricted account")
+			}}},
+			"GET /reconciliation/jobs/:id": {{"/reconciliation/jobs/" + bJob.ID, page(op, 404)}},
 			"POST /v1/acquire": {{"/v1/acquire", func(t *testing.T, path string) {
 				// B's key name is a different key in A: admitted there with fencing token 1.
 				res := api.do("POST", path, map[string]any{"key": w.other, "ttl_seconds": 60})

@@ -34,6 +34,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Get("/keys", handleListKeys(s.reads))
 	v1.Get("/keys/*", handleGetKey(s.reads))
 	v1.Get("/attempts", handleListAttempts(s.reads))
+	v1.Post(reconciliationsRoute, handleReconciliations(s.recon)) // api_reconciliations.go
 
 	// The dashboard (dashboard*.go). One CSRF middleware protects every form; on a page it
 	// also issues the token of the page's forms, the sign-out form at least.
@@ -53,6 +54,11 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	app.Get("/keys", pageHeaders, signedIn, csrfProtect, handleKeysPage(s))
 	app.Get("/", pageHeaders, signedIn, csrfProtect, handleOverviewPage(s))
 	app.Get(queueURL, pageHeaders, signedIn, csrfProtect, handleQueuePage(s))
+	app.Get(queueURL+"/next", pageHeaders, signedIn, handleQueueNext(s))
+	// Bulk reconciliation (dashboard_bulk.go): the queue's form creates one job; its page
+	// lists what was done and skipped.
+	app.Post(queueURL+"/jobs", pageHeaders, signedIn, csrfProtect, s.requireBulkActor, handleBulkReconcile(s))
+	app.Get(queueURL+"/jobs/:id", pageHeaders, signedIn, csrfProtect, handleJobPage(s))
 
 	// An operation and its actions (dashboard_operation.go). requireActor refuses read-only
 	// accounts after the CSRF check and before the handler; the services check the role again.
