@@ -21,7 +21,8 @@ func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
 // schema of both dialects, so a model and its SQL migration cannot drift apart silently.
 func TestModelsMatchMigrations(t *testing.T) {
 	all := []any{&models.Tenant{}, &models.APIKey{}, &models.Operator{}, &models.Session{}, &models.IdemKey{},
-		&models.Operation{}, &models.Attempt{}, &models.Event{}, &models.WebhookEndpoint{}, &models.WebhookEvent{}}
+		&models.Operation{}, &models.Attempt{}, &models.Event{}, &models.WebhookEndpoint{}, &models.WebhookEvent{},
+		&models.ReconciliationJob{}, &models.ReconciliationJobItem{}}
 	for _, db := range dbs.All() {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			for _, m := range all {

@@ -214,6 +214,15 @@ func handleAuditPage(s *Server) fiber.Handler {
 			Cap:       strconv.Itoa(services.MaxAuditGroups),
 			CSVURL:    csvURL,
 		}
+		if props.ShowTenant {
+			ts, err := s.dash.Tenants(c.UserContext())
+			if err != nil {
+				return err
+			}
+			for _, t := range ts {
+				props.Filter.Tenants = append(props.Filter.Tenants, t.Name)
+			}
+		}
 		for _, g := range shapeAuditGroups(rep.Groups, q.Flagged, q.Sort) {
 			tenant := g.TenantName
 			if tenant == "" {

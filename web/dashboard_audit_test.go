@@ -106,6 +106,7 @@ func TestDashboardAuditGroupsAndFlags(t *testing.T) {
 		require.Equal(t, []auditTableRow{{key: "dup", duplicates: "1", conflicts: "0"}}, gp.auditRows())
 		require.Equal(t, f.tenantB, strings.TrimSpace(gp.testid("audit-tenant-name").Text()))
 		require.Equal(t, 1, gp.testid("audit-tenant").Length())
+		require.Equal(t, 1, gp.testid("audit-tenant").Find(`option[value="`+f.tenantB+`"]`).Length(), "tenants are chosen from a list")
 	})
 }
 
