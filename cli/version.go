@@ -3,7 +3,7 @@ package cli
 import (
 	"fmt"
 
-	"github.com/idemgate/idemgate/buildinfo"
+	"github.com/idemgate/idemgate/web/buildinfo"
 	"github.com/spf13/cobra"
 )
 

@@ -1,7 +1,7 @@
 package web
 
 import (
-	"github.com/idemgate/idemgate/buildinfo"
+	"github.com/idemgate/idemgate/web/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -4,7 +4,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/idemgate/idemgate/buildinfo"
+	"github.com/idemgate/idemgate/web/buildinfo"
 	"github.com/stretchr/testify/require"
 )
 
