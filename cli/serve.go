@@ -9,9 +9,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemgate/idemgate/web/buildinfo"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web"
+	"github.com/idemgate/idemgate/web/buildinfo"
 	"github.com/idemgate/idemgate/web/telemetry"
 )
 
