@@ -235,6 +235,7 @@ type WebhookEvent struct {
 
 // TableName pins the table name.
 func (WebhookEvent) TableName() string { return "webhook_events" }
+
 // ReconciliationJob is one bulk reconciliation (migration 00011): the outcome and note applied
 // to a frozen list of operations (OperationIDs, a JSON array of ids), unique per (Scope,
 // JobKey) so a resubmitted job is the same job. Status is "running" until every operation
