@@ -1,6 +1,8 @@
 package web
 
 import (
+	"encoding/json"
+	"errors"
 	"slices"
 	"time"
 
@@ -15,18 +17,21 @@ const reconciliationsRoute = "/reconciliations"
 // idempotency key for the job), status (succeeded or failed), note (mandatory), and either
 // operation_ids or filter.
 type reconciliationRequest struct {
-	JobID        *string                     `json:"job_id"`
-	Status       *string                     `json:"status"`
-	Note         *string                     `json:"note"`
-	OperationIDs []string                    `json:"operation_ids"`
-	Filter       *reconciliationFilterFields `json:"filter"`
+	JobID        *string  `json:"job_id"`
+	Status       *string  `json:"status"`
+	Note         *string  `json:"note"`
+	OperationIDs []string `json:"operation_ids"`
+	// Filter is decoded as strictly as the body itself (decodeFilter): a misspelt member
+	// must be refused, never dropped, since a filter that lost a member selects more
+	// operations than the caller meant, and reconciles them.
+	Filter json.RawMessage `json:"filter"`
 }
 
 // reconciliationFilterFields selects the tenant's uncertain operations by reason (a state
 // reason code) and uncertain_before (RFC 3339); both optional.
 type reconciliationFilterFields struct {
-	Reason          *string    `json:"reason"`
-	UncertainBefore *time.Time `json:"uncertain_before"`
+	Reason          *string `json:"reason"`
+	UncertainBefore *string `json:"uncertain_before"`
 }
 
 // reconciliationJobResponse is a bulk job as POST /v1/reconciliations answers it. id is the
@@ -84,16 +89,49 @@ func decodeReconciliation(body []byte) (services.BulkReconcileInput, error) {
 		return services.BulkReconcileInput{}, required(missing...)
 	}
 	in := services.BulkReconcileInput{JobID: *req.JobID, Status: *req.Status, Note: *req.Note, OperationIDs: req.OperationIDs}
-	if f := req.Filter; f != nil {
-		in.Filter = &services.BulkFilter{}
-		if f.Reason != nil {
-			in.Filter.Reason = *f.Reason
+	if len(req.Filter) > 0 && string(req.Filter) != "null" {
+		f, err := decodeFilter(req.Filter)
+		if err != nil {
+			return services.BulkReconcileInput{}, err
 		}
-		if f.UncertainBefore != nil {
-			in.Filter.UncertainBefore = f.UncertainBefore.UTC()
-		}
+		in.Filter = f
 	}
 	return in, nil
+}
+
+// decodeFilter reads the filter member of POST /v1/reconciliations with decodeJSON's rules
+// (known members only, each once, no coercion); field errors are named filter.<member>.
+// uncertain_before is RFC 3339 (docs/reference.md §10). Errors: services.ErrInvalidRequest.
+func decodeFilter(raw json.RawMessage) (*services.BulkFilter, error) {
+	var ff reconciliationFilterFields
+	if err := decodeJSON(raw, &ff); err != nil {
+		var se *services.Error
+		if errors.As(err, &se) {
+			prefixed := *se
+			prefixed.Fields = nil
+			for _, fe := range se.Fields {
+				prefixed.Fields = append(prefixed.Fields, services.FieldError{Field: "filter." + fe.Field, Message: fe.Message})
+			}
+			if len(prefixed.Fields) == 0 {
+				prefixed.Message = "The request has invalid fields."
+				prefixed.Fields = []services.FieldError{{Field: "filter", Message: "must be a JSON object of reason and uncertain_before"}}
+			}
+			return nil, &prefixed
+		}
+		return nil, err
+	}
+	f := &services.BulkFilter{}
+	if ff.Reason != nil {
+		f.Reason = *ff.Reason
+	}
+	if ff.UncertainBefore != nil {
+		t, err := time.Parse(time.RFC3339Nano, *ff.UncertainBefore)
+		if err != nil {
+			return nil, fieldError("filter.uncertain_before", "must be an RFC 3339 time such as 2026-12-01T00:00:00Z")
+		}
+		f.UncertainBefore = t.UTC()
+	}
+	return f, nil
 }
 
 // handleReconciliations is POST /v1/reconciliations: a bulk reconciliation of the key's

@@ -2,6 +2,8 @@ package web
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -55,6 +57,7 @@ func TestReconciliationsAPI(t *testing.T) {
 		require.Equal(t, "filter", byFilter.body["selection"])
 		require.Empty(t, byFilter.body["results"])
 
+		sentinel := f.uncertainOp(t, f.pA, "api-bulk-3")
 		for _, c := range []struct {
 			body  string
 			field string
@@ -66,14 +69,22 @@ func TestReconciliationsAPI(t *testing.T) {
 			{`{"job_id":"j","status":"failed","note":"n"}`, "operation_ids"},
 			{`{"job_id":"j","status":"failed","note":"n","operation_ids":["nope"]}`, "operation_ids"},
 			{`{"job_id":"j","status":"failed","note":"n","filter":{"reason":"X"}}`, "filter.reason"},
+			// A misspelt or unknown filter member was dropped, and the job then reconciled
+			// every uncertain operation of the tenant (found by a break-it trial).
+			{`{"job_id":"j","status":"failed","note":"n","filter":{"uncertain_befor":"2000-01-01T00:00:00Z"}}`, "filter.uncertain_befor"},
+			{`{"job_id":"j","status":"failed","note":"n","filter":{"tenant":"other"}}`, "filter.tenant"},
+			{`{"job_id":"j","status":"failed","note":"n","filter":{"reason":"a","reason":"b"}}`, "filter.reason"},
+			{`{"job_id":"j","status":"failed","note":"n","filter":{"reason":7}}`, "filter.reason"},
+			{`{"job_id":"j","status":"failed","note":"n","filter":{"uncertain_before":"yesterday"}}`, "filter.uncertain_before"},
+			{`{"job_id":"j","status":"failed","note":"n","filter":"all"}`, "filter"},
 		} {
 			r := api.do("POST", "/v1/reconciliations", c.body)
 			require.Equal(t, http.StatusBadRequest, r.status, c.body)
 			require.Contains(t, r.raw, `"`+c.field+`"`, c.body)
 		}
-		r := api.do("POST", "/v1/reconciliations", `{"job_id":"j","status":"failed","note":"n","filter":{"uncertain_before":"yesterday"}}`)
-		require.Equal(t, http.StatusBadRequest, r.status, r.raw)
-		r = api.do("POST", "/v1/reconciliations", `{"job_id":"j","status":"failed","note":"n","filter":{},"extra":1}`)
+		require.Equal(t, services.StateUncertain, f.opDetail(t, f.pA, sentinel.OperationID).State,
+			"no refused request reconciled anything")
+		r := api.do("POST", "/v1/reconciliations", `{"job_id":"j","status":"failed","note":"n","filter":{},"extra":1}`)
 		require.Equal(t, http.StatusBadRequest, r.status, r.raw)
 	})
 }
@@ -193,5 +204,41 @@ func TestDashboardBulkReconcile(t *testing.T) {
 		res = aud.post("/reconciliation/jobs", url.Values{"_csrf": {q.csrf(t)}, "job_id": {"a"}, "scope": {"filter"},
 			"status": {"failed"}, "note": {"n"}})
 		require.Equal(t, http.StatusForbidden, res.status)
+	})
+}
+
+// FuzzDecodeReconciliation: whatever the body, decoding a POST /v1/reconciliations body either
+// refuses it as invalid_request or yields a filter only from members it knows; a filter
+// member it does not know is never dropped silently.
+func FuzzDecodeReconciliation(f *testing.F) {
+	for _, s := range []string{
+		`{"job_id":"j","status":"failed","note":"n","operation_ids":["0b6e4a3c-7f5e-4b8e-9f7a-1c2d3e4f5a6b"]}`,
+		`{"job_id":"j","status":"failed","note":"n","filter":{"reason":"ttl_expired_without_outcome"}}`,
+		`{"job_id":"j","status":"failed","note":"n","filter":{"uncertain_before":"2026-12-01T00:00:00Z"}}`,
+		`{"job_id":"j","status":"failed","note":"n","filter":{"uncertain_befor":"x"}}`,
+		`{"job_id":"j","status":"failed","note":"n","filter":null}`,
+		`{"job_id":"j","status":"failed","note":"n","filter":[]}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		in, err := decodeReconciliation([]byte(body))
+		if err != nil {
+			var se *services.Error
+			if !errors.As(err, &se) || se.Code != services.CodeInvalidRequest {
+				t.Fatalf("refused with %v, want invalid_request", err)
+			}
+			return
+		}
+		var raw struct {
+			Filter map[string]json.RawMessage `json:"filter"`
+		}
+		if json.Unmarshal([]byte(body), &raw) == nil {
+			for name := range raw.Filter {
+				if name != "reason" && name != "uncertain_before" {
+					t.Fatalf("filter member %q accepted: %+v", name, in.Filter)
+				}
+			}
+		}
 	})
 }
