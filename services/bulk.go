@@ -221,7 +221,7 @@ func (rc *Reconciliation) bulkReconcile(ctx context.Context, scope, actor string
 	}
 	if job.Status == JobRunning {
 		if err := rc.runJob(ctx, job, visible); err != nil {
-			return nil, err
+			return nil, partlyDone(err)
 		}
 	}
 	out, err := rc.loadJob(ctx, job.ID)
@@ -230,6 +230,19 @@ func (rc *Reconciliation) bulkReconcile(ctx context.Context, scope, actor string
 	}
 	out.Created = created
 	return out, nil
+}
+
+// partlyDone is runJob's error as the caller must hear it: the job exists and may have
+// reconciled some operations already, so a plain "database unavailable" (which says nothing
+// happened) would be wrong. Its operations are reconciled at most once whoever finishes the
+// job; sending the same request again (same job_id, same body) finishes it.
+func partlyDone(err error) error {
+	var de *Error
+	if errors.As(err, &de) && de.Code == CodeStoreUnavailable {
+		return &Error{Code: CodeStoreUnavailable, Message: "The job was created and may be partly done: " +
+			"send the same request again (the same job_id and body) to finish it; no operation is reconciled twice.", err: err}
+	}
+	return err
 }
 
 // bulkRequestHash identifies what a job was asked to do, so a job id reused for another

@@ -1,6 +1,7 @@
 package services
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -244,6 +245,43 @@ func FuzzBulkReconcileValidate(f *testing.F) {
 				t.Fatalf("id %q not canonical or repeated in %v", id, in.OperationIDs)
 			}
 			seen[id] = true
+		}
+	})
+}
+
+// TestBulkReconcileCutOffSaysPartlyDone: a job cut off by the database (here: one of its
+// operations is row-locked past the request's deadline) is answered store_unavailable with a
+// message that says the job exists and may be partly done — not the generic "retry later",
+// which tells the caller nothing happened — and the same request again finishes it, each
+// operation reconciled once. Found by a break-it trial (a 503 left a half-done job behind).
+func TestBulkReconcileCutOffSaysPartlyDone(t *testing.T) {
+	onPostgres(t, func(t *testing.T, b *testBundle) {
+		first := quickUncertain(t, b, b.p, "bulk-cut/first")
+		locked := quickUncertain(t, b, b.p, "bulk-cut/locked")
+		locker := b.db.Begin()
+		require.NoError(t, locker.Error)
+		defer locker.Rollback()
+		require.NoError(t, locker.Exec("SELECT 1 FROM operations WHERE id = ? FOR UPDATE", locked.OperationID).Error)
+
+		in := BulkReconcileInput{JobID: "cut-1", Status: StateFailed, Note: "declined",
+			OperationIDs: []string{first.OperationID, locked.OperationID}}
+		ctx, cancel := context.WithTimeout(bg, 500*time.Millisecond) // the request's store deadline
+		defer cancel()
+		_, err := b.recon.BulkReconcileForAPI(ctx, b.p, in)
+		var de *Error
+		require.ErrorAs(t, err, &de)
+		require.Equal(t, CodeStoreUnavailable, de.Code)
+		require.Contains(t, de.Message, "partly done")
+		require.EqualValues(t, 1, outcomeEvents(t, b, first.OperationID), "the first operation was reconciled before the cut")
+
+		require.NoError(t, locker.Rollback().Error)
+		job, err := b.recon.BulkReconcileForAPI(bg, b.p, in)
+		require.NoError(t, err)
+		require.False(t, job.Created)
+		require.Equal(t, JobCompleted, job.Status)
+		require.Equal(t, 2, job.Done)
+		for _, id := range []string{first.OperationID, locked.OperationID} {
+			require.EqualValues(t, 1, outcomeEvents(t, b, id), "reconciled once: %s", id)
 		}
 	})
 }
