@@ -82,6 +82,33 @@ func TestAPILeaseAndRenew(t *testing.T) {
 	}
 }
 
+// TestAPIReleaseAfterLeaseLapsed: POST /v1/release by the owner of an operation whose lease
+// lapsed within its TTL is 409 outcome_uncertain whether or not the reaper ran, the operation
+// is uncertain (lease_expired_without_outcome) and the key stays protected; the owner's late
+// outcome still lands (docs/reference.md §8).
+func TestAPIReleaseAfterLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	for _, db := range []*models.DB{dbs.Postgres, dbs.SQLite} {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			s := newTestServer(t, db)
+			c := newTenantClient(t, s)
+			key := "lease-release-" + dashRandom()
+			res := acquire(c, key, map[string]any{"lease_seconds": 1})
+			require.Equal(t, http.StatusCreated, res.status, res.raw)
+			id, owner := res.body["operation_id"].(string), res.body["owner_token"].(string)
+			lapse(t, db, id)
+			problemOf(t, c.do("POST", "/v1/release", map[string]any{"key": key, "owner_token": owner}), http.StatusConflict, services.CodeOutcomeUncertain)
+			op := c.do("GET", "/v1/operations/"+id, nil)
+			require.Equal(t, "uncertain", op.body["state"], op.raw)
+			require.Equal(t, services.ReasonLeaseExpired, op.body["state_reason"])
+			problemOf(t, acquire(c, key, nil), http.StatusConflict, services.CodeOutcomeUncertain)
+			out := c.do("POST", "/v1/operations/"+id+"/outcome", map[string]any{"owner_token": owner, "status": "succeeded"})
+			require.Equal(t, http.StatusOK, out.status, out.raw)
+			require.Equal(t, "succeeded", out.body["state"])
+		})
+	}
+}
+
 // TestAPIWait: GET /v1/operations/{id}?wait= validates wait, answers on the outcome (200 with
 // the new state), at the end of the wait (200, in_progress), and 503 too_many_waiters with
 // Retry-After past the instance's cap.
