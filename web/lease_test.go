@@ -286,3 +286,36 @@ func TestWaitEndsWhenClientHangsUp(t *testing.T) {
 	require.Contains(t, string(reply), "200 OK")
 	require.Contains(t, string(reply), `"state":"in_progress"`)
 }
+
+// TestAPIWaitAnswersAtLeaseLapse: GET /v1/operations/{id}?wait=8 of an operation with
+// lease_seconds 2 answers about when the lease lapses, with state uncertain
+// (lease_expired_without_outcome), not after 8 s with in_progress; no reaper runs here
+// (docs/reference.md §8).
+func TestAPIWaitAnswersAtLeaseLapse(t *testing.T) {
+	t.Parallel()
+	for _, db := range []*models.DB{dbs.Postgres, dbs.SQLite} {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			cfg := testConfig(t, db, log)
+			aw := services.NewAwaiter(db, services.AwaiterConfig{})
+			ctx, stop := context.WithCancel(context.Background())
+			go aw.Run(ctx)
+			t.Cleanup(stop)
+			cfg.Awaiter = aw
+			c := newTenantClient(t, New(cfg))
+			res := acquire(c, "wait-lapse-"+dashRandom(), map[string]any{"lease_seconds": 2})
+			require.Equal(t, http.StatusCreated, res.status, res.raw)
+			id := res.body["operation_id"].(string)
+			lease, err := time.Parse(time.RFC3339Nano, res.body["lease_expires_at"].(string))
+			require.NoError(t, err)
+			start := time.Now()
+			op := c.do("GET", "/v1/operations/"+id+"?wait=8", nil)
+			took := time.Since(start)
+			require.Equal(t, http.StatusOK, op.status, op.raw)
+			require.Equal(t, "uncertain", op.body["state"], op.raw)
+			require.Equal(t, services.ReasonLeaseExpired, op.body["state_reason"])
+			require.False(t, time.Now().Before(lease), "not before the lease end")
+			require.Less(t, took, 5*time.Second, "answered at the lapse, not at the end of the wait")
+		})
+	}
+}
