@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
 	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
 )
 
 // MaxWait is the longest GET /v1/operations/{id}?wait= may wait (docs/reference.md §8).
@@ -125,7 +126,9 @@ func (a *Awaiter) Run(ctx context.Context) {
 }
 
 // Wait returns operation id of tenantID as soon as it is no longer in_progress, or after d
-// with its state then (docs/reference.md §8). d is 0 to MaxWait; 0 reads once. ctx ending (the
+// with its state then (docs/reference.md §8). If the operation's lease lapses before d ends,
+// Wait makes it uncertain (lease_expired_without_outcome) at the lease end, as acquire and
+// renew would, and returns it then, instead of leaving it in_progress until a reaper pass. d is 0 to MaxWait; 0 reads once. ctx ending (the
 // client went away) or Close ends the wait early, with the state then. While it waits it holds
 // no database connection: the operation is read before and after, each read bounded by the
 // store timeout. Errors: ErrNotFound, ErrTooManyWaiters (the instance's cap), ErrStoreUnavailable.
@@ -153,15 +156,67 @@ func (a *Awaiter) Wait(ctx context.Context, tenantID int64, id string, d time.Du
 	if err != nil || op.State != StateInProgress {
 		return op, err
 	}
-	t := time.NewTimer(min(d, MaxWait))
+	deadline := time.Now().Add(min(d, MaxWait))
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	select {
-	case <-ch:
-	case <-t.C:
-	case <-ctx.Done():
-	case <-a.closed:
+	// docs/reference.md §8: a lease that lapses before the deadline ends the wait then, with
+	// the operation made uncertain, instead of at the next reaper pass. One timer, armed at the
+	// lease end this waiter last read; unarmed when the deadline comes first.
+	lt := time.NewTimer(0)
+	defer lt.Stop()
+	<-lt.C
+	for {
+		var lapse <-chan time.Time
+		if lease := op.LeaseExpiresAt; lease.Before(deadline) {
+			lt.Reset(time.Until(lease))
+			lapse = lt.C
+		}
+		select {
+		case <-ch:
+			return read()
+		case <-t.C:
+			return read()
+		case <-ctx.Done():
+			return read()
+		case <-a.closed:
+			return read()
+		case <-lapse:
+		}
+		if err := a.lapse(ctx, tenantID, id); err != nil {
+			a.log.Debug("await lease lapse failed", "err", err)
+			return read()
+		}
+		prev := op.LeaseExpiresAt
+		if op, err = read(); err != nil || op.State != StateInProgress {
+			return op, err
+		}
+		if !op.LeaseExpiresAt.After(prev) {
+			// Not lapsed yet by the database's clock (it runs behind this process's): look
+			// again after a poll interval, not at once.
+			op.LeaseExpiresAt = time.Now().Add(a.cfg.Poll)
+		}
+		// Otherwise it was renewed meanwhile: wait for the new lease end.
 	}
-	return read()
+}
+
+// lapse applies docs/reference.md §8's lapse to operation id of tenantID if it is still
+// in_progress and its lease ran out by the database's clock: lapseIfLeaseLapsed, the fenced
+// transition acquire, renew, release and the reaper apply (a renew or outcome committed first
+// wins), in its own transaction bounded by the store timeout, even if the waiter went away.
+func (a *Awaiter) lapse(ctx context.Context, tenantID int64, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	return a.db.Tx(ctx, func(tx *gorm.DB) error {
+		var m models.Operation
+		if err := tx.Where("id = ? AND tenant_id = ?", id, tenantID).Take(&m).Error; err != nil {
+			return err
+		}
+		now, err := a.db.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		_, err = lapseIfLeaseLapsed(tx, &m, now)
+		return err
+	})
 }
 
 func (a *Awaiter) register(id string) chan struct{} {

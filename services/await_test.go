@@ -183,3 +183,44 @@ func TestWaitHoldsNoPoolConnection(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitAnswersAtLeaseLapse: a waiter on an operation whose lease lapses before the wait ends
+// answers at the lease end, with the operation made uncertain (lease_expired_without_outcome)
+// by the waiter itself, not after the whole wait with in_progress (no reaper pass runs here);
+// a renew during the wait moves the answer to the new lease end and is never overtaken by the
+// lapse; the owner's late outcome still lands (docs/reference.md §8).
+func TestWaitAnswersAtLeaseLapse(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		aw := runAwaiter(t, b.db, AwaiterConfig{})
+		acq := acquireLease(t, b, "wait/lapse", 600, 1, OnExpiryReadmit)
+		start := time.Now()
+		op, err := aw.Wait(bg, b.p.TenantID, acq.OperationID, 6*time.Second)
+		took := time.Since(start)
+		require.NoError(t, err)
+		require.Equal(t, StateUncertain, op.State)
+		require.Equal(t, ReasonLeaseExpired, deref(op.StateReason))
+		require.False(t, time.Now().Before(acq.LeaseExpiresAt), "not before the lease end")
+		require.Less(t, took, 4*time.Second, "answered about when the lease lapsed, not at the end of the wait")
+		var evs []models.Event
+		require.NoError(t, b.db.Where("operation_id = ?", acq.OperationID).Order("id").Find(&evs).Error)
+		require.Equal(t, "in_progress -> uncertain: "+ReasonLeaseExpired, evs[len(evs)-1].Detail)
+		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "wait/lapse", TTLSeconds: 600})
+		requireOutcomeUncertain(t, err, acq.OperationID)
+		late := mustRecord(t, b, acq, OutcomeInput{Status: StateSucceeded})
+		require.Equal(t, StateSucceeded, late.State)
+
+		// Renewed while waited on: the waiter's first lease timer finds the lease live again,
+		// changes nothing, and answers at the renewed lease end.
+		renewed := acquireLease(t, b, "wait/renewed", 600, 2, OnExpiryReadmit)
+		res := startWait(t, aw, b, renewed.OperationID, 8*time.Second)
+		rn, err := b.adm.Renew(bg, b.p, renewed.OperationID, RenewInput{OwnerToken: renewed.OwnerToken, LeaseSeconds: 3})
+		require.NoError(t, err)
+		r := <-res
+		require.NoError(t, r.err)
+		require.Equal(t, StateUncertain, r.op.State)
+		require.Equal(t, ReasonLeaseExpired, deref(r.op.StateReason))
+		require.False(t, time.Now().Before(rn.LeaseExpiresAt), "never before the renewed lease end")
+		require.Equal(t, rn.LeaseExpiresAt, r.op.LeaseExpiresAt.UTC())
+	})
+}

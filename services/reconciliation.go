@@ -391,8 +391,10 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 // positive, missing or over-long reason), *HeldByAnotherError (another operation holds the key
 // now; errors.Is ErrNotOwner), ErrKeyNotHeld (nobody holds the key), ErrNotOwner (this
 // operation holds the key under another fencing token than the operator saw),
-// ErrEffectConfirmed (succeeded), ErrOutcomeUncertain (uncertain: reconcile first),
-// ErrInvalidTransition (already released), ErrStoreUnavailable.
+// ErrEffectConfirmed (succeeded), ErrOutcomeUncertain (uncertain: reconcile first; also an
+// in_progress operation whose lease lapsed within its TTL, which is made uncertain,
+// lease_expired_without_outcome, in the same transaction first, as acquire, renew and the API
+// release do: docs/reference.md §8), ErrInvalidTransition (already released), ErrStoreUnavailable.
 func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
 	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
@@ -406,6 +408,7 @@ func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAcc
 	}
 	defer func() { observeRelease(ctx, rc.obs, SourceOperator, err) }()
 	var out *Operation
+	lapsed := false
 	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
 		seen, err := rc.operatorOpRow(tx, acct, id)
 		if err != nil {
@@ -447,6 +450,13 @@ func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAcc
 				"The operation holds the key with fencing token %d, not %d; reload the page. Nothing was changed.",
 				k.FencingToken, in.FencingToken)}
 		}
+		if holdIsLive(k.HolderOperationID, k.ExpiresAt, now) {
+			// A lease that lapsed within the TTL: uncertain now, committed (nil from here),
+			// and the release refused below. A hold past its TTL stays releasable (above).
+			if lapsed, err = lapseIfLeaseLapsed(tx, &op, now); lapsed || err != nil {
+				return err
+			}
+		}
 		if err := releasable(op.State); err != nil {
 			return err
 		}
@@ -459,6 +469,10 @@ func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAcc
 	})
 	if err != nil {
 		return nil, storeError("operator release", err)
+	}
+	if lapsed {
+		err = ErrOutcomeUncertain
+		return nil, err
 	}
 	return out, nil
 }

@@ -42,14 +42,18 @@ func (in *ReleaseInput) validate() error {
 // in.OwnerToken owns that hold and no effect is confirmed (docs/reference.md §1.3, §4). The operation
 // becomes released. Errors: ErrInvalidRequest; ErrKeyNotHeld (no live hold, e.g. expired);
 // ErrNotOwner (the token does not own the current hold, including a hold re-acquired by another
-// attempt); ErrEffectConfirmed (succeeded); ErrOutcomeUncertain (uncertain); ErrStoreUnavailable.
-// None of the refusals change anything.
+// attempt); ErrEffectConfirmed (succeeded); ErrOutcomeUncertain (uncertain, or its lease lapsed
+// within the TTL: docs/reference.md §8); ErrStoreUnavailable. None of the refusals change anything,
+// except that an in_progress operation whose lease lapsed is made uncertain
+// (lease_expired_without_outcome) in the same transaction before the refusal, as acquire and
+// renew do, so the answer does not depend on whether the reaper ran first.
 func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (op *Operation, err error) {
 	if err := in.validate(); err != nil {
 		return nil, err
 	}
 	defer func() { observeRelease(ctx, a.obs, SourceAPI, err) }()
 	var out *Operation
+	lapsed := false
 	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		var k models.IdemKey
 		err := a.st.lock(tx).Where("tenant_id = ? AND key = ?", p.TenantID, in.Key).Take(&k).Error
@@ -72,6 +76,10 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 		if !secretMatches(in.OwnerToken, h.OwnerTokenHash) {
 			return ErrNotOwner
 		}
+		// The lapse is committed (nil from here), then the release refused below.
+		if lapsed, err = lapseIfLeaseLapsed(tx, &h, now); lapsed || err != nil {
+			return err
+		}
 		if err := releasable(h.State); err != nil {
 			return err
 		}
@@ -83,6 +91,10 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 	})
 	if err != nil {
 		return nil, storeError("release", err)
+	}
+	if lapsed {
+		err = ErrOutcomeUncertain
+		return nil, err
 	}
 	return out, nil
 }

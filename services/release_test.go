@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -220,5 +221,57 @@ func TestTenantIsolation(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, k.Held)
 		require.Equal(t, mine.OperationID, k.Operation.ID)
+	})
+}
+
+// TestReleaseAfterLeaseLapsed: a release (the owner's and the operator's) of an in_progress
+// operation whose lease lapsed within its TTL does not depend on whether the reaper ran: it
+// makes the operation uncertain (lease_expired_without_outcome, with its event) in its own
+// transaction and is refused outcome_uncertain, the key staying protected; the owner's late
+// outcome still lands afterwards (docs/reference.md §8).
+func TestReleaseAfterLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		acq := acquireLease(t, b, "release/lapsed", 60, 30, OnExpiryReadmit)
+		lapseLease(t, b, acq.OperationID)
+		_, err := b.adm.Release(bg, b.p, ReleaseInput{Key: "release/lapsed", OwnerToken: "wrong"})
+		require.ErrorIs(t, err, ErrNotOwner)
+		require.Equal(t, StateInProgress, opRow(t, b, acq.OperationID).State, "a wrong token changes nothing")
+
+		_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: "release/lapsed", OwnerToken: acq.OwnerToken})
+		require.ErrorIs(t, err, ErrOutcomeUncertain)
+		m := opRow(t, b, acq.OperationID)
+		require.Equal(t, StateUncertain, m.State)
+		require.Equal(t, ReasonLeaseExpired, deref(m.StateReason))
+		var evs []models.Event
+		require.NoError(t, b.db.Where("operation_id = ?", acq.OperationID).Order("id").Find(&evs).Error)
+		require.Equal(t, "in_progress -> uncertain: "+ReasonLeaseExpired, evs[len(evs)-1].Detail)
+		require.Equal(t, acq.OperationID, deref(keyRow(t, b, "release/lapsed").HolderOperationID), "the key stays protected")
+		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "release/lapsed", TTLSeconds: 60})
+		requireOutcomeUncertain(t, err, acq.OperationID)
+
+		// Asked again (now as the reaper would have left it): the same answer.
+		_, err = b.adm.Release(bg, b.p, ReleaseInput{Key: "release/lapsed", OwnerToken: acq.OwnerToken})
+		require.ErrorIs(t, err, ErrOutcomeUncertain)
+
+		// The owner's late outcome still lands: uncertain -> succeeded.
+		op, err := b.adm.RecordOutcome(bg, b.p, acq.OperationID, OutcomeInput{OwnerToken: acq.OwnerToken, Status: StateSucceeded})
+		require.NoError(t, err)
+		require.Equal(t, StateSucceeded, op.State)
+
+		// The operator's release, with the fencing token the operator saw.
+		acct := operatorAcct(RoleOperator, nil)
+		other := acquireLease(t, b, "release/lapsed-op", 60, 30, OnExpiryReadmit)
+		lapseLease(t, b, other.OperationID)
+		_, err = b.recon.OperatorRelease(bg, acct, other.OperationID,
+			OperatorReleaseInput{OperationID: other.OperationID, FencingToken: other.FencingToken, Reason: "cleanup"})
+		require.ErrorIs(t, err, ErrOutcomeUncertain)
+		m = opRow(t, b, other.OperationID)
+		require.Equal(t, StateUncertain, m.State)
+		require.Equal(t, ReasonLeaseExpired, deref(m.StateReason))
+		require.Equal(t, other.OperationID, deref(keyRow(t, b, "release/lapsed-op").HolderOperationID))
+		op, err = b.adm.RecordOutcome(bg, b.p, other.OperationID, OutcomeInput{OwnerToken: other.OwnerToken, Status: StateFailed})
+		require.NoError(t, err)
+		require.Equal(t, StateFailed, op.State)
 	})
 }

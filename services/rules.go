@@ -96,6 +96,18 @@ func leaseLapsed(m *models.Operation, now time.Time) bool {
 	return m.State == StateInProgress && !m.LeaseEnd().After(now)
 }
 
+// lapseIfLeaseLapsed applies the lapse of docs/reference.md §8 to operation m in tx when m is
+// in_progress and its lease ran out at now: expireLease, the compare on state and lease that
+// acquire, renew and the reaper use, so an outcome or renew committed since m was read wins.
+// It reports whether m became uncertain by this call. Release and the operator release call it
+// so that their answer about a lapsed lease never depends on whether the reaper ran first.
+func lapseIfLeaseLapsed(tx *gorm.DB, m *models.Operation, now time.Time) (bool, error) {
+	if !leaseLapsed(m, now) {
+		return false, nil
+	}
+	return expireLease(tx, m.TenantID, m.ID, now)
+}
+
 // holdsUntilReconciled reports whether operation m, the newest of its key, keeps the key from
 // being admitted again after its TTL: its policy is hold_until_reconciled and it is not
 // reconciled to failed (or released). An in_progress one is first made uncertain; an

@@ -82,6 +82,33 @@ func TestAPILeaseAndRenew(t *testing.T) {
 	}
 }
 
+// TestAPIReleaseAfterLeaseLapsed: POST /v1/release by the owner of an operation whose lease
+// lapsed within its TTL is 409 outcome_uncertain whether or not the reaper ran, the operation
+// is uncertain (lease_expired_without_outcome) and the key stays protected; the owner's late
+// outcome still lands (docs/reference.md §8).
+func TestAPIReleaseAfterLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	for _, db := range []*models.DB{dbs.Postgres, dbs.SQLite} {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			s := newTestServer(t, db)
+			c := newTenantClient(t, s)
+			key := "lease-release-" + dashRandom()
+			res := acquire(c, key, map[string]any{"lease_seconds": 1})
+			require.Equal(t, http.StatusCreated, res.status, res.raw)
+			id, owner := res.body["operation_id"].(string), res.body["owner_token"].(string)
+			lapse(t, db, id)
+			problemOf(t, c.do("POST", "/v1/release", map[string]any{"key": key, "owner_token": owner}), http.StatusConflict, services.CodeOutcomeUncertain)
+			op := c.do("GET", "/v1/operations/"+id, nil)
+			require.Equal(t, "uncertain", op.body["state"], op.raw)
+			require.Equal(t, services.ReasonLeaseExpired, op.body["state_reason"])
+			problemOf(t, acquire(c, key, nil), http.StatusConflict, services.CodeOutcomeUncertain)
+			out := c.do("POST", "/v1/operations/"+id+"/outcome", map[string]any{"owner_token": owner, "status": "succeeded"})
+			require.Equal(t, http.StatusOK, out.status, out.raw)
+			require.Equal(t, "succeeded", out.body["state"])
+		})
+	}
+}
+
 // TestAPIWait: GET /v1/operations/{id}?wait= validates wait, answers on the outcome (200 with
 // the new state), at the end of the wait (200, in_progress), and 503 too_many_waiters with
 // Retry-After past the instance's cap.
@@ -258,4 +285,37 @@ func TestWaitEndsWhenClientHangsUp(t *testing.T) {
 	reply, _ := io.ReadAll(conn)
 	require.Contains(t, string(reply), "200 OK")
 	require.Contains(t, string(reply), `"state":"in_progress"`)
+}
+
+// TestAPIWaitAnswersAtLeaseLapse: GET /v1/operations/{id}?wait=8 of an operation with
+// lease_seconds 2 answers about when the lease lapses, with state uncertain
+// (lease_expired_without_outcome), not after 8 s with in_progress; no reaper runs here
+// (docs/reference.md §8).
+func TestAPIWaitAnswersAtLeaseLapse(t *testing.T) {
+	t.Parallel()
+	for _, db := range []*models.DB{dbs.Postgres, dbs.SQLite} {
+		t.Run(string(db.Dialect), func(t *testing.T) {
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			cfg := testConfig(t, db, log)
+			aw := services.NewAwaiter(db, services.AwaiterConfig{})
+			ctx, stop := context.WithCancel(context.Background())
+			go aw.Run(ctx)
+			t.Cleanup(stop)
+			cfg.Awaiter = aw
+			c := newTenantClient(t, New(cfg))
+			res := acquire(c, "wait-lapse-"+dashRandom(), map[string]any{"lease_seconds": 2})
+			require.Equal(t, http.StatusCreated, res.status, res.raw)
+			id := res.body["operation_id"].(string)
+			lease, err := time.Parse(time.RFC3339Nano, res.body["lease_expires_at"].(string))
+			require.NoError(t, err)
+			start := time.Now()
+			op := c.do("GET", "/v1/operations/"+id+"?wait=8", nil)
+			took := time.Since(start)
+			require.Equal(t, http.StatusOK, op.status, op.raw)
+			require.Equal(t, "uncertain", op.body["state"], op.raw)
+			require.Equal(t, services.ReasonLeaseExpired, op.body["state_reason"])
+			require.False(t, time.Now().Before(lease), "not before the lease end")
+			require.Less(t, took, 5*time.Second, "answered at the lapse, not at the end of the wait")
+		})
+	}
 }
