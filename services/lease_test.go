@@ -149,19 +149,24 @@ func TestLeaseExpiredOnDuplicate(t *testing.T) {
 // lease; once it stalls, the lease lapses, its late renew is refused with lease_expired and
 // changes nothing, and its late outcome still lands on its own operation (uncertain ->
 // succeeded is reconciliation, docs/reference.md §3).
+// heartbeatLease is TestRenewHeartbeatKeepsKey's lease in seconds: each heartbeat round (a
+// renew, a reaper pass, a duplicate, a 300 ms pause) must fit in it even under -race on a
+// loaded 2-core machine; 1 s did not, twice.
+const heartbeatLease = 3
+
 func TestRenewHeartbeatKeepsKey(t *testing.T) {
 	// Not parallel: its reaper passes would clear other tests' expired holds, which some
 	// of them look at before clearing them themselves.
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acq := acquireLease(t, b, "lease/heartbeat", 60, 1, OnExpiryReadmit)
+		acq := acquireLease(t, b, "lease/heartbeat", 60, heartbeatLease, OnExpiryReadmit)
 		first := acq.LeaseExpiresAt
 		renew := func() (*Renewal, error) {
-			return b.adm.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: 1})
+			return b.adm.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: heartbeatLease})
 		}
-		// Heartbeat until the lease end is 3 first leases past the first one, with reaper passes
+		// Heartbeat until the lease end is 2 first leases past the first one, with reaper passes
 		// and duplicates in between: the operation stays in_progress and held all along.
 		var last *Renewal
-		for last == nil || last.LeaseExpiresAt.Before(first.Add(3*time.Second)) {
+		for last == nil || last.LeaseExpiresAt.Before(first.Add(2*heartbeatLease*time.Second)) {
 			r, err := renew()
 			require.NoError(t, err)
 			require.Equal(t, acq.FencingToken, r.FencingToken)
@@ -173,7 +178,7 @@ func TestRenewHeartbeatKeepsKey(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, dup.Admitted)
 			require.Equal(t, StateInProgress, dup.Operation.State)
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond)
 		}
 		// The holder stalls: within a lease the duplicate finds it lapsed.
 		require.Eventually(t, func() bool {
