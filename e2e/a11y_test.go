@@ -97,6 +97,7 @@ func TestPagesAccessible(t *testing.T) {
 		{"operation-done", "/operations/" + dup.OperationID},
 		{"job", "/reconciliation/jobs/" + job.ID},
 		{"audit", "/audit"},
+		{"webhooks", "/webhooks"},
 		{"admin", "/admin"},
 		{"not-found", "/operations/00000000-0000-0000-0000-000000000000"},
 	}
