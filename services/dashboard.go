@@ -26,12 +26,14 @@ type TenantKeyView struct {
 }
 
 // OperatorKeyPage is one page of the dashboard's key list, newest acquisition first.
-// NextCursor is "" on the last page. Now is the database time the holds were judged at, so
+// NextCursor is "" on the last page; PrevCursor (for KeyFilter.Before) is "" on the first.
+// Now is the database time the holds were judged at, so
 // the dashboard computes TTLs against the same clock that decides expiry (docs/reference.md §6), not
 // against the web server's.
 type OperatorKeyPage struct {
 	Items      []TenantKeyView
 	NextCursor string
+	PrevCursor string
 	Now        time.Time
 }
 
@@ -48,7 +50,7 @@ func (ds *Dashboard) ListKeysForOperator(ctx context.Context, tenantID *int64, f
 	if err != nil {
 		return nil, storeError("list keys", err)
 	}
-	out := &OperatorKeyPage{Items: make([]TenantKeyView, 0, len(page.Items)), NextCursor: page.NextCursor, Now: now}
+	out := &OperatorKeyPage{Items: make([]TenantKeyView, 0, len(page.Items)), NextCursor: page.NextCursor, PrevCursor: page.PrevCursor, Now: now}
 	for i, v := range page.Items {
 		// listKeys returns the rows and their views in the same order.
 		out.Items = append(out.Items, TenantKeyView{KeyView: v, TenantID: ks[i].TenantID, TenantName: names[ks[i].TenantID]})

@@ -40,6 +40,8 @@ type keysQuery struct {
 	Expiring  bool
 	Limit     int
 	Cursor    string
+	// Newer is a page's "newer" cursor (parameter newer): the page of keys just newer.
+	Newer string
 }
 
 // expiringSoon is the horizon of the "expiring soon" filter.
@@ -55,6 +57,7 @@ func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
 		Prefix:    c.Query("prefix"),
 		Expiring:  c.Query("expiring") != "",
 		Cursor:    c.Query("cursor"),
+		Newer:     c.Query("newer"),
 		Limit:     keysPageSize,
 	}
 	if raw := c.Query("limit"); raw != "" {
@@ -96,6 +99,9 @@ func (q keysQuery) url() string {
 	if q.Cursor != "" {
 		v.Set("cursor", q.Cursor)
 	}
+	if q.Newer != "" {
+		v.Set("newer", q.Newer)
+	}
 	if len(v) == 0 {
 		return "/keys"
 	}
@@ -122,6 +128,7 @@ func handleKeysPage(s *Server) fiber.Handler {
 		}
 		page, err := s.dash.ListKeysForOperator(c.UserContext(), tenant, services.KeyFilter{
 			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, Limit: q.Limit, Cursor: q.Cursor,
+			Before:         q.Newer,
 			ExpiringWithin: expiringWithin(q.Expiring),
 		})
 		var de *services.Error
@@ -169,14 +176,17 @@ func handleKeysPage(s *Server) fiber.Handler {
 			}
 			props.Rows = append(props.Rows, r)
 		}
-		if q.Cursor != "" {
+		if page.PrevCursor != "" {
 			first := q
-			first.Cursor = ""
+			first.Cursor, first.Newer = "", ""
 			props.NewestURL = first.url()
+			newer := first
+			newer.Newer = page.PrevCursor
+			props.NewerURL = newer.url()
 		}
 		if page.NextCursor != "" {
 			older := q
-			older.Cursor = page.NextCursor
+			older.Cursor, older.Newer = page.NextCursor, ""
 			props.OlderURL = older.url()
 		}
 		return render(c, fiber.StatusOK, views.KeysPage(props))
