@@ -117,3 +117,35 @@ func (ds *Dashboard) Tenants(ctx context.Context) ([]TenantRef, error) {
 	}
 	return out, nil
 }
+
+// KeyCountCap is where the Keys page's total stops counting: past it the page says
+// "10,000+ keys". An exact count over a million keys would read every index entry on each
+// 5 s refresh; a capped one reads at most KeyCountCap+1 (docs/reference.md §5).
+const KeyCountCap = 10000
+
+// KeyCount is the Keys page's total: N keys match, or more than Cap when Capped.
+type KeyCount struct {
+	N      int64
+	Capped bool
+}
+
+// CountKeys counts the keys under f's filter (State, Operation, KeyPrefix, ExpiringWithin;
+// Limit and the cursors are ignored) over one tenant, or every tenant when tenantID is nil,
+// stopping at KeyCountCap. f is a filter ListKeysForOperator accepted. Errors:
+// ErrStoreUnavailable.
+func (ds *Dashboard) CountKeys(ctx context.Context, tenantID *int64, f KeyFilter) (KeyCount, error) {
+	tx := ds.db.WithContext(ctx)
+	now, err := ds.db.Now(ctx, tx)
+	if err != nil {
+		return KeyCount{}, storeError("count keys", err)
+	}
+	sub := keyFilterQuery(tx, tenantID, f, now).Select("1").Limit(KeyCountCap + 1)
+	var n int64
+	if err := tx.Raw("SELECT count(*) FROM (?) AS capped", sub).Scan(&n).Error; err != nil {
+		return KeyCount{}, storeError("count keys", err)
+	}
+	if n > KeyCountCap {
+		return KeyCount{N: KeyCountCap, Capped: true}, nil
+	}
+	return KeyCount{N: n}, nil
+}

@@ -208,29 +208,7 @@ func (r *reader) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*K
 	if err != nil {
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
-	q := tx.Model(&models.IdemKey{})
-	if tenantID != nil {
-		q = q.Where("idem_keys.tenant_id = ?", *tenantID)
-	}
-	if f.State != "" || f.Operation != "" {
-		q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
-		if f.State != "" {
-			q = q.Where("o.state = ?", f.State)
-		}
-		if f.Operation != "" {
-			q = q.Where("o.operation_name = ?", f.Operation)
-		}
-	}
-	if f.KeyPrefix != "" {
-		// An exact comparison of the leading characters: collation-proof, and keys are compared
-		// byte-exact everywhere else. It filters along the newest-first index walk rather than
-		// seeking, which is fine for a dashboard search; say so before relying on it at scale.
-		q = q.Where("substr(idem_keys.key, 1, ?) = ?", utf8.RuneCountInString(f.KeyPrefix), f.KeyPrefix)
-	}
-	if f.ExpiringWithin > 0 {
-		q = q.Where("idem_keys.holder_operation_id IS NOT NULL AND idem_keys.expires_at > ? AND idem_keys.expires_at <= ?",
-			now, now.Add(f.ExpiringWithin))
-	}
+	q := keyFilterQuery(tx, tenantID, f, now)
 	if f.Cursor != "" {
 		// A row comparison, not "a < x OR (a = x AND id < y)": PostgreSQL turns it into one index
 		// range on (acquired_at DESC, id DESC). Measured at 1,000,000 keys, a page deep in the
@@ -391,6 +369,35 @@ func (rd *Reads) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilt
 		page.Items = append(page.Items, attemptFromModel(&ms[i]))
 	}
 	return page, nil
+}
+
+// keyFilterQuery is the keys list's WHERE clause for f (not its cursors) over one tenant, or
+// every tenant when tenantID is nil; now is the database time "expiring soon" is judged at.
+func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) *gorm.DB {
+	q := tx.Model(&models.IdemKey{})
+	if tenantID != nil {
+		q = q.Where("idem_keys.tenant_id = ?", *tenantID)
+	}
+	if f.State != "" || f.Operation != "" {
+		q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
+		if f.State != "" {
+			q = q.Where("o.state = ?", f.State)
+		}
+		if f.Operation != "" {
+			q = q.Where("o.operation_name = ?", f.Operation)
+		}
+	}
+	if f.KeyPrefix != "" {
+		// An exact comparison of the leading characters: collation-proof, and keys are compared
+		// byte-exact everywhere else. It filters along the newest-first index walk rather than
+		// seeking, which is fine for a dashboard search; say so before relying on it at scale.
+		q = q.Where("substr(idem_keys.key, 1, ?) = ?", utf8.RuneCountInString(f.KeyPrefix), f.KeyPrefix)
+	}
+	if f.ExpiringWithin > 0 {
+		q = q.Where("idem_keys.holder_operation_id IS NOT NULL AND idem_keys.expires_at > ? AND idem_keys.expires_at <= ?",
+			now, now.Add(f.ExpiringWithin))
+	}
+	return q
 }
 
 // Cursors are opaque to clients: base64url of "<unix nanoseconds>.<row id>".

@@ -7,6 +7,7 @@ import (
 	"encoding/csv"
 	"errors"
 	"fmt"
+	"github.com/dustin/go-humanize"
 	"io"
 	"net"
 	"net/url"
@@ -239,6 +240,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 				props.Rows[len(props.Rows)-1].OperationURL = operationURL(g.OperationID)
 			}
 		}
+		props.Total = auditTotal(len(props.Rows), rep.Truncated, q.Flagged)
 		return render(c, fiber.StatusOK, views.AuditPage(props))
 	}
 }
@@ -343,4 +345,22 @@ func csvCell(s string) string {
 		return "'" + s
 	}
 	return s
+}
+
+// auditTotal words the Audit page's total: n keys shown, exact unless the report stopped at
+// services.MaxAuditGroups (truncated: then "n+"), with possible duplicate effects only when
+// flagged. The report reads at most MaxAuditGroups+1 groups, so this costs no extra query.
+func auditTotal(n int, truncated, flagged bool) string {
+	s := humanize.Comma(int64(n))
+	if truncated {
+		s += "+"
+	}
+	noun := " keys"
+	if n == 1 && !truncated {
+		noun = " key"
+	}
+	if flagged {
+		return s + noun + " with a possible duplicate effect in this range."
+	}
+	return s + noun + " in this range."
 }

@@ -285,6 +285,9 @@ func TestDashboardAuditFlaggedAndSort(t *testing.T) {
 		flagged := b.get("/audit?flagged=1")
 		require.Equal(t, []string{"resold"}, keys(flagged))
 		require.True(t, flagged.testid("audit-flagged").Is("[checked]"))
+		text := func(p dashPage) string { return strings.Join(strings.Fields(p.testid("audit-total").Text()), " ") }
+		require.Equal(t, "3 keys in this range.", text(all))
+		require.Equal(t, "1 key with a possible duplicate effect in this range.", text(flagged))
 		byAttempts := b.get("/audit?sort=attempts")
 		require.Equal(t, []string{"many", "few", "resold"}, keys(byAttempts))
 		require.Equal(t, "/audit.csv", byAttempts.testid("audit-csv").AttrOr("href", ""))

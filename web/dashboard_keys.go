@@ -3,6 +3,7 @@ package web
 import (
 	"errors"
 	"fmt"
+	"github.com/dustin/go-humanize"
 	"math"
 	"net/url"
 	"strconv"
@@ -137,6 +138,12 @@ func handleKeysPage(s *Server) fiber.Handler {
 		} else if err != nil {
 			return err
 		}
+		total, err := s.dash.CountKeys(c.UserContext(), tenant, services.KeyFilter{
+			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, ExpiringWithin: expiringWithin(q.Expiring),
+		})
+		if err != nil {
+			return err
+		}
 		nav, err := s.navFor(c, op, "keys")
 		if err != nil {
 			return err
@@ -147,9 +154,10 @@ func handleKeysPage(s *Server) fiber.Handler {
 			Filter: views.KeysFilter{
 				State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
 				Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
-				Active: q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring || q.Tenant != "",
+				Active: q.active(),
 				Tenant: q.Tenant,
 			},
+			Total:                  keyTotal(total, q.active()),
 			SelfURL:                q.url(),
 			NeedsReconciliationURL: queueURL, // operations, superseded ones too: not a filter of keys
 			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
@@ -308,4 +316,28 @@ func formatTTL(d time.Duration) string {
 		return fmt.Sprintf("%dm %02ds", mins, s)
 	}
 	return fmt.Sprintf("%ds", s)
+}
+
+// keyTotal words the Keys page's total: "2,345 keys.", "1 key matches the filter.",
+// "10,000+ keys." when the count stopped at its cap (services.KeyCountCap).
+func keyTotal(n services.KeyCount, filtered bool) string {
+	s := humanize.Comma(n.N)
+	if n.Capped {
+		s += "+"
+	}
+	one := n.N == 1 && !n.Capped
+	switch {
+	case one && filtered:
+		return "1 key matches the filter."
+	case one:
+		return "1 key."
+	case filtered:
+		return s + " keys match the filter."
+	}
+	return s + " keys."
+}
+
+// active reports whether any filter is set (the page size and cursors are no filter).
+func (q keysQuery) active() bool {
+	return q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring || q.Tenant != ""
 }

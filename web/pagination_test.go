@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/idemgate/idemgate/services"
 
 	"github.com/stretchr/testify/require"
 )
@@ -112,4 +113,51 @@ func TestDashboardQueuePrevious(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, res.status)
 		require.Contains(t, res.testid("error-message").Text(), "first page")
 	})
+}
+
+// TestDashboardKeysTotal: the Keys page says how many keys match, on all pages, for a global
+// account across tenants and for a restricted one within its tenant.
+func TestDashboardKeysTotal(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		for i := 0; i < 4; i++ {
+			f.acquire(t, f.pA, fmt.Sprintf("total-a-%d", i))
+		}
+		f.acquire(t, f.pB, "total-b-0")
+		total := func(b *dashBrowser, url string) string {
+			t.Helper()
+			p := b.get(url)
+			require.Equal(t, http.StatusOK, p.status, p.body)
+			return strings.Join(strings.Fields(p.testid("keys-total").Text()), " ")
+		}
+		global := newDashBrowser(t, f.s)
+		global.mustLogin(f.global)
+		require.Equal(t, "5 keys match the filter.", total(global, f.keysURL("")))
+		require.Equal(t, "5 keys match the filter.", total(global, f.keysURL("limit=2")), "all pages, not this one")
+		require.Equal(t, "1 key matches the filter.", total(global, f.keysURL("prefix=total-b")))
+		restricted := newDashBrowser(t, f.s)
+		restricted.mustLogin(f.restricted)
+		require.Equal(t, "4 keys match the filter.", total(restricted, f.keysURL("")))
+	})
+}
+
+func TestKeyTotalWording(t *testing.T) {
+	for want, in := range map[string]struct {
+		n        services.KeyCount
+		filtered bool
+	}{
+		"0 keys.":                      {services.KeyCount{}, false},
+		"1 key.":                       {services.KeyCount{N: 1}, false},
+		"1 key matches the filter.":    {services.KeyCount{N: 1}, true},
+		"2,345 keys match the filter.": {services.KeyCount{N: 2345}, true},
+		"10,000+ keys.":                {services.KeyCount{N: services.KeyCountCap, Capped: true}, false},
+	} {
+		require.Equal(t, want, keyTotal(in.n, in.filtered))
+	}
+}
+
+func TestAuditTotalWording(t *testing.T) {
+	require.Equal(t, "0 keys in this range.", auditTotal(0, false, false))
+	require.Equal(t, "1 key in this range.", auditTotal(1, false, false))
+	require.Equal(t, "500+ keys in this range.", auditTotal(services.MaxAuditGroups, true, false))
+	require.Equal(t, "1,200 keys with a possible duplicate effect in this range.", auditTotal(1200, false, true))
 }
