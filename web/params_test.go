@@ -109,7 +109,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 		"GET /login":   {path: "/login", query: q("next", "/keys")},
 		"POST /login":  {path: "/login", form: q("username", "nobody", "password", "not-the-password", "next", "/keys")},
 		"POST /logout": {path: "/logout", form: q()},
-		"GET /":        {path: "/"},
+		"GET /":        {path: "/", query: q("range", "7d")},
 		"GET /keys": {path: "/keys", query: q("state", "in_progress", "operation", "charge", "prefix", "sweep",
 			"expiring", "1", "cursor", "", "newer", "", "limit", "10")},
 		"GET /operations/:id": {path: "/operations/" + w.opID, pathParams: []string{w.opID}, query: q("done", "released", "back", "/keys", "recorded", w.opID)},
