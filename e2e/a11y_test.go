@@ -91,6 +91,7 @@ func TestPagesAccessible(t *testing.T) {
 
 	pages := []struct{ name, path string }{
 		{"overview", "/"},
+		{"overview-7d", "/?range=7d"},
 		{"keys", "/keys"},
 		{"queue", "/reconciliation"},
 		{"operation", "/operations/" + u.OperationID + "?back=%2Freconciliation"},
