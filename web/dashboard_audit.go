@@ -241,6 +241,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 			}
 		}
 		props.Total = auditTotal(len(props.Rows), rep.Truncated, q.Flagged)
+		props.LatestURL, props.NewerURL, props.OlderURL = auditPager(q, rep.Filter.From, rep.Filter.To, time.Now())
 		return render(c, fiber.StatusOK, views.AuditPage(props))
 	}
 }
@@ -363,4 +364,29 @@ func auditTotal(n int, truncated, flagged bool) string {
 		return s + noun + " with a possible duplicate effect in this range."
 	}
 	return s + noun + " in this range."
+}
+
+// auditPager pages the Audit page by time, newest first like the Keys page: "Older" is the
+// range of the same length just before from–to, "Newer" the one just after (none once the
+// range reaches now, give or take a minute), "Latest" the default range (none when the range reaches now). The
+// report itself is capped (services.MaxAuditGroups), so moving the window is its pagination.
+// The tenant, flagged-only filter and sort are kept.
+func auditPager(q auditQuery, from, to, now time.Time) (latest, newer, older string) {
+	width := to.Sub(from)
+	at := func(f, t time.Time) string {
+		q.From, q.To = f.UTC().Format(time.RFC3339Nano), t.UTC().Format(time.RFC3339Nano)
+		return "/audit?" + q.values().Encode()
+	}
+	older = at(from.Add(-width), from)
+	// A range ending within a minute of now reaches it: the default one ends at the
+	// database's now, a moment before this server's.
+	if to.Before(now.Add(-time.Minute)) {
+		newer = at(to, to.Add(width))
+		q.From, q.To = "", ""
+		latest = "/audit"
+		if v := q.values(); len(v) > 0 {
+			latest += "?" + v.Encode()
+		}
+	}
+	return latest, newer, older
 }
