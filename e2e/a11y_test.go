@@ -91,12 +91,14 @@ func TestPagesAccessible(t *testing.T) {
 
 	pages := []struct{ name, path string }{
 		{"overview", "/"},
+		{"overview-7d", "/?range=7d"},
 		{"keys", "/keys"},
 		{"queue", "/reconciliation"},
 		{"operation", "/operations/" + u.OperationID + "?back=%2Freconciliation"},
 		{"operation-done", "/operations/" + dup.OperationID},
 		{"job", "/reconciliation/jobs/" + job.ID},
 		{"audit", "/audit"},
+		{"webhooks", "/webhooks"},
 		{"admin", "/admin"},
 		{"not-found", "/operations/00000000-0000-0000-0000-000000000000"},
 	}

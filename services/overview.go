@@ -14,8 +14,35 @@ var OverviewStates = []string{
 	StateInProgress, StateUncertain, StateSucceeded, StateFailed, StateReleased,
 }
 
-// overviewHours is the width of the Overview's activity window, in one-hour buckets.
-const overviewHours = 24
+// OverviewRange is the Overview chart's time range (docs/reference.md §5): Range24h, 24
+// one-hour buckets, or Range7d, 28 six-hour buckets.
+type OverviewRange string
+
+// The Overview's ranges.
+const (
+	Range24h OverviewRange = "24h"
+	Range7d  OverviewRange = "7d"
+)
+
+// buckets is the range's bucket width and count.
+func (r OverviewRange) buckets() (time.Duration, int) {
+	if r == Range7d {
+		return 6 * time.Hour, 28
+	}
+	return time.Hour, 24
+}
+
+// ParseOverviewRange reads a range's name: "" (the default) or "24h", and "7d". Errors:
+// ErrInvalidRequest (field "range").
+func ParseOverviewRange(s string) (OverviewRange, error) {
+	switch OverviewRange(s) {
+	case "", Range24h:
+		return Range24h, nil
+	case Range7d:
+		return Range7d, nil
+	}
+	return "", invalid(FieldError{Field: "range", Message: "must be 24h or 7d"})
+}
 
 // StateCount is the number of operations in one state.
 type StateCount struct {
@@ -23,8 +50,9 @@ type StateCount struct {
 	Count int64
 }
 
-// HourBucket counts the acquire attempts of one hour by result. Start is the hour's first
-// instant, UTC; the bucket covers [Start, Start+1h).
+// HourBucket counts the acquire attempts of one chart bucket by result. Start is the bucket's
+// first instant, UTC; it covers [Start, Start+Overview.Bucket): one hour, or six hours
+// (starting at 00, 06, 12 or 18 UTC) for Range7d.
 type HourBucket struct {
 	Start      time.Time
 	Admitted   int64
@@ -34,7 +62,8 @@ type HourBucket struct {
 
 // Overview is the dashboard's summary (docs/reference.md §5 "Overview"). Counts has one entry per state
 // in OverviewStates order, zeros included. NeedsReconciliation is the number of operations
-// in state uncertain. Hours has exactly 24 buckets, oldest first, the last one holding Now.
+// in state uncertain. Hours has the range's buckets (24 of an hour, or 28 of six hours for
+// Range7d), oldest first, the last one holding Now; Bucket is their width.
 // Now is the database time the figures were read at. OldestUncertainAge is how long the
 // oldest uncertain operation has been uncertain, at Now (0 when none is).
 type Overview struct {
@@ -43,12 +72,19 @@ type Overview struct {
 	NeedsReconciliation int64
 	OldestUncertainAge  time.Duration
 	Hours               []HourBucket
+	Bucket              time.Duration
 }
 
 // Overview returns the operation counts and the last 24 hours of attempts of one tenant, or
 // of every tenant when tenantID is nil (a global dashboard account). Hours are judged by the
 // database clock (docs/reference.md §6). Errors: ErrStoreUnavailable.
 func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, error) {
+	return ds.OverviewFor(ctx, tenantID, Range24h)
+}
+
+// OverviewFor is Overview with the chart over range r (Range24h or Range7d; anything else
+// is taken as Range24h). Errors: ErrStoreUnavailable.
+func (ds *Dashboard) OverviewFor(ctx context.Context, tenantID *int64, r OverviewRange) (*Overview, error) {
 	tx := ds.db.WithContext(ctx)
 	now, err := ds.db.Now(ctx, tx)
 	if err != nil {
@@ -90,12 +126,17 @@ func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, 
 		ov.OldestUncertainAge = ageAt(now, oldest.T.T)
 	}
 
-	first := now.Truncate(time.Hour).Add(-(overviewHours - 1) * time.Hour)
-	ov.Hours = make([]HourBucket, overviewHours)
+	// Truncate counts from the zero time, a UTC midnight, so six-hour buckets start at 00, 06,
+	// 12 and 18 UTC.
+	width, n := r.buckets()
+	ov.Bucket = width
+	first := now.UTC().Truncate(width).Add(-time.Duration(n-1) * width)
+	ov.Hours = make([]HourBucket, n)
 	for i := range ov.Hours {
-		ov.Hours[i].Start = first.Add(time.Duration(i) * time.Hour)
+		ov.Hours[i].Start = first.Add(time.Duration(i) * width)
 	}
-	// Grouped in SQL so at most 24×3 rows come back however busy the day was. The hour is
+	// Grouped by hour in SQL so at most 24×3 (168×3 over 7 days) rows come back however busy
+	// the range was; hours are folded into wider buckets below. The hour is
 	// formatted as text ("2006-01-02 15", UTC) because the two dialects truncate times
 	// differently. attempts has no index on attempted_at (only (tenant_id, id DESC) and
 	// (operation_id)), so this scans the tenant's attempts, or the whole table for a global
@@ -108,7 +149,7 @@ func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, 
 		N      int64
 	}
 	hq := tx.Model(&models.Attempt{}).Select(hourExpr+" AS hour, result, COUNT(*) AS n").
-		Where("attempted_at >= ? AND attempted_at < ?", first, first.Add(overviewHours*time.Hour)).
+		Where("attempted_at >= ? AND attempted_at < ?", first, first.Add(time.Duration(n)*width)).
 		Group("hour, result")
 	if tenantID != nil {
 		hq = hq.Where("tenant_id = ?", *tenantID)
@@ -121,8 +162,8 @@ func (ds *Dashboard) Overview(ctx context.Context, tenantID *int64) (*Overview, 
 		if err != nil {
 			return nil, storeError("overview", fmt.Errorf("unexpected attempt hour %q: %w", r.Hour, err))
 		}
-		i := int(h.Sub(first) / time.Hour)
-		if i < 0 || i >= overviewHours {
+		i := int(h.Sub(first) / width)
+		if h.Before(first) || i >= n {
 			continue
 		}
 		switch r.Result {

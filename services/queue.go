@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,10 +21,14 @@ import (
 // narrow the dashboard's queue (and a bulk reconciliation by filter): only operations whose
 // state_reason is Reason ("" for any), and only those that became uncertain before
 // UncertainBefore (zero for any). A cursor is valid only with the filter it was made with.
+// Back, instead of Cursor, is a previous page's PrevCursor: the page just before that cursor
+// in queue order (the dashboard's "Earlier" link), still oldest first. Setting both is
+// refused (field "back").
 type OperationFilter struct {
 	State           string
 	Limit           int
 	Cursor          string
+	Back            string
 	Reason          string
 	UncertainBefore time.Time
 }
@@ -40,10 +45,13 @@ type QueuedOperation struct {
 	Superseded  bool
 }
 
-// QueuePage is one page of the dashboard's reconciliation queue, oldest first.
+// QueuePage is one page of the dashboard's reconciliation queue, oldest first. NextCursor is
+// "" on the last page; PrevCursor, for OperationFilter.Back, leads to the entries before this
+// page, "" when the page is known to be the first.
 type QueuePage struct {
 	Items      []QueuedOperation
 	NextCursor string
+	PrevCursor string
 }
 
 // ListOperations returns tenantID's reconciliation queue (TenantName left empty): every
@@ -88,6 +96,12 @@ func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilt
 	if err != nil {
 		fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
 	}
+	backAt, backID, err := decodeQueueCursor(f.Back)
+	if err != nil {
+		fe = append(fe, FieldError{Field: "back", Message: "is not a cursor returned by this endpoint"})
+	} else if f.Back != "" && f.Cursor != "" {
+		fe = append(fe, FieldError{Field: "back", Message: "cannot be combined with cursor"})
+	}
 	if len(fe) > 0 {
 		return nil, invalid(fe...)
 	}
@@ -111,15 +125,35 @@ func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilt
 	if f.Cursor != "" {
 		q = q.Where("(uncertain_at, id) > (?, ?)", curAt, curID)
 	}
+	order := "uncertain_at, id"
+	if f.Back != "" {
+		// Backwards: the entries just before the cursor, read along the same index the other
+		// way and turned round below.
+		q = q.Where("(uncertain_at, id) < (?, ?)", backAt, backID)
+		order = "uncertain_at DESC, id DESC"
+	}
 	var ms []models.Operation
-	if err := q.Order("uncertain_at, id").Limit(f.Limit + 1).Find(&ms).Error; err != nil {
+	if err := q.Order(order).Limit(f.Limit + 1).Find(&ms).Error; err != nil {
 		return nil, storeError("list operations", err)
 	}
 	page := &QueuePage{Items: make([]QueuedOperation, 0, len(ms))}
-	if len(ms) > f.Limit {
+	more := len(ms) > f.Limit
+	if more {
 		ms = ms[:f.Limit]
-		last := ms[len(ms)-1]
-		page.NextCursor = encodeQueueCursor(derefTime(last.UncertainAt), last.ID)
+	}
+	if f.Back != "" {
+		slices.Reverse(ms)
+	}
+	if len(ms) > 0 {
+		first, last := ms[0], ms[len(ms)-1]
+		// Forwards, more rows lie after the page; backwards, before it. The other direction
+		// has rows whenever a cursor led here (at least the row the cursor was made from).
+		if (f.Back == "" && more) || f.Back != "" {
+			page.NextCursor = encodeQueueCursor(derefTime(last.UncertainAt), last.ID)
+		}
+		if (f.Back != "" && more) || f.Cursor != "" {
+			page.PrevCursor = encodeQueueCursor(derefTime(first.UncertainAt), first.ID)
+		}
 	}
 	if len(ms) == 0 {
 		return page, nil

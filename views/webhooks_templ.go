@@ -118,20 +118,20 @@ func adminWebhooks(p AdminWebhooksProps) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, " <section class=\"card admin-section\" aria-labelledby=\"admin-webhooks-title\"><h2 id=\"admin-webhooks-title\">Webhook endpoints</h2><p>Signed POSTs for operation.uncertain, operation.reconciled and operation.possible_duplicate_effect, per tenant. <a href=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, " <section class=\"card admin-section\" aria-labelledby=\"admin-webhooks-title\"><h2 id=\"admin-webhooks-title\">Webhook endpoints</h2><p>Signed POSTs for operation.uncertain, operation.reconciled and operation.possible_duplicate_effect, per tenant. <a class=\"link-inline\" href=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var5 string
 			templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression(templ.URL(p.DeliveriesURL)).ResolveURL(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/webhooks.templ`, Line: 67, Col: 40}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/webhooks.templ`, Line: 67, Col: 60}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "\" data-testid=\"webhook-deliveries-link\">Delivery log →</a></p><div class=\"table-wrap\" tabindex=\"0\" role=\"region\" aria-label=\"Webhook endpoints\"><table class=\"table\" data-testid=\"admin-webhooks\"><thead><tr><th scope=\"col\">ID</th><th scope=\"col\">Tenant</th><th scope=\"col\">URL</th><th scope=\"col\">Events</th><th scope=\"col\">Status</th><th scope=\"col\">Created (UTC)</th><th scope=\"col\"><span class=\"visually-hidden\">Actions</span></th></tr></thead> <tbody>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "\" data-testid=\"webhook-deliveries-link\">Delivery log →</a></p><div class=\"table-wrap\" tabindex=\"0\" role=\"region\" aria-label=\"Webhook endpoints table\"><table class=\"table\" data-testid=\"admin-webhooks\"><thead><tr><th scope=\"col\">ID</th><th scope=\"col\">Tenant</th><th scope=\"col\">URL</th><th scope=\"col\">Events</th><th scope=\"col\">Status</th><th scope=\"col\">Created (UTC)</th><th scope=\"col\"><span class=\"visually-hidden\">Actions</span></th></tr></thead> <tbody>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/csv"
 	"errors"
 	"fmt"
+	"github.com/dustin/go-humanize"
 	"io"
 	"net"
 	"net/url"
@@ -239,6 +240,8 @@ func handleAuditPage(s *Server) fiber.Handler {
 				props.Rows[len(props.Rows)-1].OperationURL = operationURL(g.OperationID)
 			}
 		}
+		props.Total = auditTotal(len(props.Rows), rep.Truncated, q.Flagged)
+		props.LatestURL, props.NewerURL, props.OlderURL = auditPager(q, rep.Filter.From, rep.Filter.To, time.Now())
 		return render(c, fiber.StatusOK, views.AuditPage(props))
 	}
 }
@@ -343,4 +346,47 @@ func csvCell(s string) string {
 		return "'" + s
 	}
 	return s
+}
+
+// auditTotal words the Audit page's total: n keys shown, exact unless the report stopped at
+// services.MaxAuditGroups (truncated: then "n+"), with possible duplicate effects only when
+// flagged. The report reads at most MaxAuditGroups+1 groups, so this costs no extra query.
+func auditTotal(n int, truncated, flagged bool) string {
+	s := humanize.Comma(int64(n))
+	if truncated {
+		s += "+"
+	}
+	noun := " keys"
+	if n == 1 && !truncated {
+		noun = " key"
+	}
+	if flagged {
+		return s + noun + " with a possible duplicate effect in this range."
+	}
+	return s + noun + " in this range."
+}
+
+// auditPager pages the Audit page by time, newest first like the Keys page: "Older" is the
+// range of the same length just before from–to, "Newer" the one just after (none once the
+// range reaches now, give or take a minute), "Latest" the default range (none when the range reaches now). The
+// report itself is capped (services.MaxAuditGroups), so moving the window is its pagination.
+// The tenant, flagged-only filter and sort are kept.
+func auditPager(q auditQuery, from, to, now time.Time) (latest, newer, older string) {
+	width := to.Sub(from)
+	at := func(f, t time.Time) string {
+		q.From, q.To = f.UTC().Format(time.RFC3339Nano), t.UTC().Format(time.RFC3339Nano)
+		return "/audit?" + q.values().Encode()
+	}
+	older = at(from.Add(-width), from)
+	// A range ending within a minute of now reaches it: the default one ends at the
+	// database's now, a moment before this server's.
+	if to.Before(now.Add(-time.Minute)) {
+		newer = at(to, to.Add(width))
+		q.From, q.To = "", ""
+		latest = "/audit"
+		if v := q.values(); len(v) > 0 {
+			latest += "?" + v.Encode()
+		}
+	}
+	return latest, newer, older
 }

@@ -285,9 +285,55 @@ func TestDashboardAuditFlaggedAndSort(t *testing.T) {
 		flagged := b.get("/audit?flagged=1")
 		require.Equal(t, []string{"resold"}, keys(flagged))
 		require.True(t, flagged.testid("audit-flagged").Is("[checked]"))
+		text := func(p dashPage) string { return strings.Join(strings.Fields(p.testid("audit-total").Text()), " ") }
+		require.Equal(t, "3 keys in this range.", text(all))
+		require.Equal(t, "1 key with a possible duplicate effect in this range.", text(flagged))
 		byAttempts := b.get("/audit?sort=attempts")
 		require.Equal(t, []string{"many", "few", "resold"}, keys(byAttempts))
 		require.Equal(t, "/audit.csv", byAttempts.testid("audit-csv").AttrOr("href", ""))
 		require.Equal(t, "attempts", byAttempts.testid("audit-sort").Find("option[selected]").AttrOr("value", ""))
+	})
+}
+
+// TestDashboardAuditPager: the Audit page pages by time, newest first: "Older" is the range of
+// the same length before, "Newer" the one after, "Latest" the default range; the filter and
+// sort are kept, and Newer from an older range comes back to the same rows.
+func TestDashboardAuditPager(t *testing.T) {
+	t.Parallel()
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		f.acquire(t, f.pA, "pager")
+		f.acquire(t, f.pA, "pager")
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		keys := func(p dashPage) []string {
+			var out []string
+			for _, r := range p.auditRows() {
+				out = append(out, r.key)
+			}
+			return out
+		}
+		first := b.get("/audit?sort=attempts")
+		require.Equal(t, http.StatusOK, first.status, first.body)
+		require.Equal(t, []string{"pager"}, keys(first))
+		require.Zero(t, first.testid("audit-newer").Length(), "the default range reaches now")
+		require.Zero(t, first.testid("audit-latest").Length())
+		olderURL := first.testid("audit-older").AttrOr("href", "")
+		require.Contains(t, olderURL, "sort=attempts")
+
+		older := b.get(olderURL)
+		require.Equal(t, http.StatusOK, older.status, older.body)
+		require.Empty(t, keys(older), "the day before holds none of this test's attempts")
+		require.Equal(t, "/audit?sort=attempts", older.testid("audit-latest").AttrOr("href", ""))
+		// The range is 24 hours like the default one, just before it.
+		from, err := time.Parse("2006-01-02T15:04", older.testid("audit-from").AttrOr("value", ""))
+		require.NoError(t, err)
+		to, err := time.Parse("2006-01-02T15:04", older.testid("audit-to").AttrOr("value", ""))
+		require.NoError(t, err)
+		require.Equal(t, 24*time.Hour, to.Sub(from))
+		require.WithinDuration(t, time.Now().Add(-24*time.Hour), to, 2*time.Minute)
+
+		newer := b.get(older.testid("audit-newer").AttrOr("href", ""))
+		require.Equal(t, http.StatusOK, newer.status, newer.body)
+		require.Equal(t, []string{"pager"}, keys(newer))
 	})
 }

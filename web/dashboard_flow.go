@@ -114,6 +114,8 @@ type queueQuery struct {
 	Reason string
 	Before string
 	Cursor string
+	// Back is a page's "earlier" cursor (parameter back): the entries just before the page.
+	Back string
 }
 
 // queueBeforeLayouts are the accepted spellings of the "before" filter.
@@ -123,7 +125,7 @@ var queueBeforeLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05", tim
 // when a parameter is unusable.
 func parseQueueQuery(v url.Values) (queueQuery, string) {
 	q := queueQuery{Tenant: strings.TrimSpace(v.Get("tenant")), Reason: strings.TrimSpace(v.Get("reason")),
-		Before: strings.TrimSpace(v.Get("before")), Cursor: v.Get("cursor")}
+		Before: strings.TrimSpace(v.Get("before")), Cursor: v.Get("cursor"), Back: v.Get("back")}
 	if q.Tenant != "" {
 		if n, err := strconv.ParseInt(q.Tenant, 10, 64); err != nil || n < 1 {
 			return q, "Tenant must be one of the listed tenants."
@@ -165,7 +167,7 @@ func (q queueQuery) tenantID() *int64 {
 // values encodes q, leaving out empty parameters.
 func (q queueQuery) values() url.Values {
 	v := url.Values{}
-	for k, s := range map[string]string{"tenant": q.Tenant, "reason": q.Reason, "before": q.Before, "cursor": q.Cursor} {
+	for k, s := range map[string]string{"tenant": q.Tenant, "reason": q.Reason, "before": q.Before, "cursor": q.Cursor, "back": q.Back} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -183,7 +185,7 @@ func (q queueQuery) url() string {
 
 // filterOnly is q without its page cursor: the filter a bulk job or the "next" item uses.
 func (q queueQuery) filterOnly() queueQuery {
-	q.Cursor = ""
+	q.Cursor, q.Back = "", ""
 	return q
 }
 

@@ -3,6 +3,7 @@ package web
 import (
 	"errors"
 	"fmt"
+	"github.com/dustin/go-humanize"
 	"math"
 	"net/url"
 	"strconv"
@@ -40,6 +41,8 @@ type keysQuery struct {
 	Expiring  bool
 	Limit     int
 	Cursor    string
+	// Newer is a page's "newer" cursor (parameter newer): the page of keys just newer.
+	Newer string
 }
 
 // expiringSoon is the horizon of the "expiring soon" filter.
@@ -55,6 +58,7 @@ func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
 		Prefix:    c.Query("prefix"),
 		Expiring:  c.Query("expiring") != "",
 		Cursor:    c.Query("cursor"),
+		Newer:     c.Query("newer"),
 		Limit:     keysPageSize,
 	}
 	if raw := c.Query("limit"); raw != "" {
@@ -96,6 +100,9 @@ func (q keysQuery) url() string {
 	if q.Cursor != "" {
 		v.Set("cursor", q.Cursor)
 	}
+	if q.Newer != "" {
+		v.Set("newer", q.Newer)
+	}
 	if len(v) == 0 {
 		return "/keys"
 	}
@@ -122,12 +129,19 @@ func handleKeysPage(s *Server) fiber.Handler {
 		}
 		page, err := s.dash.ListKeysForOperator(c.UserContext(), tenant, services.KeyFilter{
 			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, Limit: q.Limit, Cursor: q.Cursor,
+			Before:         q.Newer,
 			ExpiringWithin: expiringWithin(q.Expiring),
 		})
 		var de *services.Error
 		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, filterProblem(de))
 		} else if err != nil {
+			return err
+		}
+		total, err := s.dash.CountKeys(c.UserContext(), tenant, services.KeyFilter{
+			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, ExpiringWithin: expiringWithin(q.Expiring),
+		})
+		if err != nil {
 			return err
 		}
 		nav, err := s.navFor(c, op, "keys")
@@ -140,9 +154,10 @@ func handleKeysPage(s *Server) fiber.Handler {
 			Filter: views.KeysFilter{
 				State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
 				Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
-				Active: q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring || q.Tenant != "",
+				Active: q.active(),
 				Tenant: q.Tenant,
 			},
+			Total:                  keyTotal(total, q.active()),
 			SelfURL:                q.url(),
 			NeedsReconciliationURL: queueURL, // operations, superseded ones too: not a filter of keys
 			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
@@ -169,14 +184,17 @@ func handleKeysPage(s *Server) fiber.Handler {
 			}
 			props.Rows = append(props.Rows, r)
 		}
-		if q.Cursor != "" {
+		if page.PrevCursor != "" {
 			first := q
-			first.Cursor = ""
+			first.Cursor, first.Newer = "", ""
 			props.NewestURL = first.url()
+			newer := first
+			newer.Newer = page.PrevCursor
+			props.NewerURL = newer.url()
 		}
 		if page.NextCursor != "" {
 			older := q
-			older.Cursor = page.NextCursor
+			older.Cursor, older.Newer = page.NextCursor, ""
 			props.OlderURL = older.url()
 		}
 		return render(c, fiber.StatusOK, views.KeysPage(props))
@@ -298,4 +316,28 @@ func formatTTL(d time.Duration) string {
 		return fmt.Sprintf("%dm %02ds", mins, s)
 	}
 	return fmt.Sprintf("%ds", s)
+}
+
+// keyTotal words the Keys page's total: "2,345 keys.", "1 key matches the filter.",
+// "10,000+ keys." when the count stopped at its cap (services.KeyCountCap).
+func keyTotal(n services.KeyCount, filtered bool) string {
+	s := humanize.Comma(n.N)
+	if n.Capped {
+		s += "+"
+	}
+	one := n.N == 1 && !n.Capped
+	switch {
+	case one && filtered:
+		return "1 key matches the filter."
+	case one:
+		return "1 key."
+	case filtered:
+		return s + " keys match the filter."
+	}
+	return s + " keys."
+}
+
+// active reports whether any filter is set (the page size and cursors are no filter).
+func (q keysQuery) active() bool {
+	return q.State != "" || q.Operation != "" || q.Prefix != "" || q.Expiring || q.Tenant != ""
 }

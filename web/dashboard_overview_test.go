@@ -117,3 +117,40 @@ func TestDashboardOverviewRequiresSignIn(t *testing.T) {
 		require.Equal(t, "/login", p.header.Get("Location"))
 	})
 }
+
+// TestDashboardOverviewRange: the Overview's 24 hours / 7 days links switch the chart (24
+// hourly or 28 six-hour bars), mark the current range, and the 30 s refresh reloads the same
+// range; an unknown range is a 400 page.
+func TestDashboardOverviewRange(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		f.acquire(t, f.pA, "range-key")
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		day := b.get("/")
+		require.Equal(t, http.StatusOK, day.status, day.body)
+		require.Equal(t, 24, day.testid("chart-hour").Length())
+		require.Equal(t, "/", day.testid("overview-body").AttrOr("hx-get", ""))
+		links := day.testid("overview-range-link")
+		require.Equal(t, 2, links.Length())
+		require.Equal(t, "24 hours", strings.TrimSpace(links.Filter(`[aria-current="page"]`).Text()))
+		week := links.FilterFunction(func(_ int, s *goquery.Selection) bool { return strings.TrimSpace(s.Text()) == "7 days" })
+		require.Equal(t, "/?range=7d", week.AttrOr("href", ""))
+
+		p := b.get(week.AttrOr("href", ""))
+		require.Equal(t, http.StatusOK, p.status, p.body)
+		require.Equal(t, 28, p.testid("chart-hour").Length())
+		require.Equal(t, "/?range=7d", p.testid("overview-body").AttrOr("hx-get", ""), "the refresh keeps the range")
+		require.Equal(t, "7 days", strings.TrimSpace(p.testid("overview-range-link").Filter(`[aria-current="page"]`).Text()))
+		require.Contains(t, p.doc.Find("#chart-title").Text(), "last 7 days")
+		var admitted int
+		p.testid("chart-bar-admitted").Each(func(_ int, s *goquery.Selection) {
+			n, _ := strconv.Atoi(s.AttrOr("data-value", ""))
+			admitted += n
+		})
+		require.GreaterOrEqual(t, admitted, 1, "this test's admission is in the last bucket")
+
+		bad := b.get("/?range=30d")
+		require.Equal(t, http.StatusBadRequest, bad.status)
+		require.Contains(t, bad.testid("error-message").Text(), "7 days")
+	})
+}

@@ -33,7 +33,7 @@ func queueFilter(acct *services.OperatorAccount, q queueQuery, limit int) (*int6
 		tenant = q.tenantID()
 	}
 	before, _ := q.before()
-	return tenant, services.OperationFilter{Limit: limit, Cursor: q.Cursor, Reason: q.Reason, UncertainBefore: before}
+	return tenant, services.OperationFilter{Limit: limit, Cursor: q.Cursor, Back: q.Back, Reason: q.Reason, UncertainBefore: before}
 }
 
 // nextInQueue returns the oldest operation of acct's queue under q's filter, nil when the
@@ -66,7 +66,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 		page, err := s.dash.ReconciliationQueue(c.UserContext(), tenant, f)
 		var de *services.Error
 		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
-			if len(de.Fields) == 1 && de.Fields[0].Field == "cursor" {
+			if len(de.Fields) == 1 && (de.Fields[0].Field == "cursor" || de.Fields[0].Field == "back") {
 				return s.renderErrorPage(c, fiber.StatusBadRequest, "This page link is not valid any more. Start again from the first page.")
 			}
 			return s.renderErrorPage(c, fiber.StatusBadRequest, filterProblem(de))
@@ -94,11 +94,14 @@ func handleQueuePage(s *Server) fiber.Handler {
 			return err
 		}
 		p.Bulk = bulkForm(c, op, q)
-		if q.Cursor != "" {
+		if page.PrevCursor != "" {
 			p.FirstURL = q.filterOnly().url()
+			prev := q.filterOnly()
+			prev.Back = page.PrevCursor
+			p.PrevURL = prev.url()
 		}
 		if page.NextCursor != "" {
-			next := q
+			next := q.filterOnly()
 			next.Cursor = page.NextCursor
 			p.NextURL = next.url()
 		}
