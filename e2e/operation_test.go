@@ -86,6 +86,7 @@ func TestStaleRelease(t *testing.T) {
 	must(t, expect.Locator(page.GetByTestId("action-error")).ToContainText(b.OperationID), "the refusal names B")
 	must(t, expect.Locator(page.GetByTestId("flash")).ToHaveCount(0), "no success message")
 	shot(t, page, "refused")
+	docShot(t, page, "operation-stale-release", "desktop")
 
 	k := getKey(t, key)
 	if !k.Held || k.Operation == nil || k.Operation.ID != b.OperationID || k.Operation.State != "in_progress" {
