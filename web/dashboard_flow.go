@@ -79,7 +79,12 @@ func safeBack(raw string) string {
 	if len(q) == 0 {
 		return u.Path
 	}
-	return u.Path + "?" + q.Encode()
+	// The bound holds for the link as re-encoded too: encoding can triple a query (%XX),
+	// and a link longer than the bound would be refused when it comes back.
+	if out := u.Path + "?" + q.Encode(); len(out) <= 2048 {
+		return out
+	}
+	return ""
 }
 
 // backLabel is the text of the back link to back (a value of safeBack), "← Keys" by default.
