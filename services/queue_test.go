@@ -75,15 +75,23 @@ func TestReconciliationQueue(t *testing.T) {
 		}
 		require.Equal(t, want, walk())
 		count(3)
-		page, err := b.dash.ReconciliationQueue(bg, nil, OperationFilter{Limit: MaxListLimit})
-		require.NoError(t, err)
+		// The global queue holds every parallel test's uncertain operations on this shared
+		// database, more than one page of them: walk it all (one page missed this tenant's).
 		superseded := map[string]bool{}
-		for _, q := range page.Items {
-			if q.TenantID == b.p.TenantID {
-				superseded[q.ID] = q.Superseded
-				require.NotEmpty(t, q.TenantName)
-				require.False(t, q.UncertainAt.IsZero())
+		for f := (OperationFilter{Limit: MaxListLimit}); ; {
+			page, err := b.dash.ReconciliationQueue(bg, nil, f)
+			require.NoError(t, err)
+			for _, q := range page.Items {
+				if q.TenantID == b.p.TenantID {
+					superseded[q.ID] = q.Superseded
+					require.NotEmpty(t, q.TenantName)
+					require.False(t, q.UncertainAt.IsZero())
+				}
 			}
+			if page.NextCursor == "" {
+				break
+			}
+			f.Cursor = page.NextCursor
 		}
 		require.Equal(t, map[string]bool{taken.OperationID: true, reaped.OperationID: false, unsure.OperationID: false}, superseded)
 
