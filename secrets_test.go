@@ -31,14 +31,22 @@ func TestSecretsNeverLogged(t *testing.T) {
 	// Empty values override startServer's fixed secrets, so both are generated.
 	s := startServer(t, "IDEMGATE_SQLITE_PATH="+dbPath, "IDEMGATE_BOOTSTRAP_API_KEY=", "IDEMGATE_ADMIN_PASSWORD=")
 
-	// The generated secrets, from the lines that announce them.
+	// The generated secrets, from the lines that announce them. The server has written them
+	// before it answered /healthz, but the pipe from the child may not have reached s.log yet.
 	var apiKey, adminPassword string
-	for _, rec := range logRecords(t, s.log.String()) {
-		if v, ok := rec["api_key"].(string); ok {
-			apiKey = v
+	for deadline := time.Now().Add(10 * time.Second); (apiKey == "" || adminPassword == "") && time.Now().Before(deadline); {
+		complete := s.log.String()
+		complete = complete[:strings.LastIndexByte(complete, '\n')+1] // whole lines only
+		for _, rec := range logRecords(t, complete) {
+			if v, ok := rec["api_key"].(string); ok {
+				apiKey = v
+			}
+			if v, ok := rec["password"].(string); ok {
+				adminPassword = v
+			}
 		}
-		if v, ok := rec["password"].(string); ok {
-			adminPassword = v
+		if apiKey == "" || adminPassword == "" {
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	require.NotEmpty(t, apiKey, "the generated API key is announced at start")
