@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,6 +73,15 @@ func newWorkload(urls []string, prefix string, duration time.Duration) *workload
 	}
 	return &workload{urls: urls, keys: keys, clients: 16, duration: duration, batches: true, leases: true,
 		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+}
+
+// spreadKeys makes the workload use n keys (n ≥ the current number), named as newWorkload
+// names them: fewer operations per key keep a long or faulty run within the check's bound.
+func (w *workload) spreadKeys(n int) {
+	prefix, _, _ := strings.Cut(w.keys[0], ":key/")
+	for i := len(w.keys); i < n; i++ {
+		w.keys = append(w.keys, fmt.Sprintf("%s:key/%d", prefix, i))
+	}
 }
 
 // do sends one call; status 0 means no answer.
