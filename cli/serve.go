@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -36,6 +37,23 @@ func flushTraces(tel *telemetry.Telemetry) {
 	_ = tel.Shutdown(ctx)
 }
 
+// serveGOGC is the garbage collector's target (GOGC, percent of the live heap the heap may grow
+// by before the next collection) that serve sets when GOGC is not in its environment; a GOGC
+// that is set, and GOMEMLIMIT, are left to the Go runtime as given. idemgate's live heap is
+// small and its garbage is per request (bodies, JSON, rows), so at Go's default of 100 the
+// collector ran often: 10% of the process's CPU at 64 connections (pprof). Measured over HTTP,
+// interleaved runs of one build with GOGC=100 and 400: +14% new-key acquires/s at 16
+// connections and +12% at 64, with a lower p99; resident memory at 64 connections went from
+// 38 MB to 51 MB.
+const serveGOGC = 400
+
+// applyGOGC sets serveGOGC unless GOGC is in the environment.
+func applyGOGC(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(serveGOGC)
+	}
+}
+
 // serve runs the HTTP server and the reaper until SIGINT/SIGTERM, then shuts down gracefully:
 // stop accepting, finish in-flight requests (bounded by IDEMGATE_SHUTDOWN_TIMEOUT), close the
 // pool.
@@ -56,6 +74,7 @@ func serve(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
+	applyGOGC(env.Getenv)
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		log.Error("cannot listen", "addr", cfg.Addr, "err", err)

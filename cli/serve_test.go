@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -156,4 +157,20 @@ func TestServeLogsWhereItListens(t *testing.T) {
 	log, stop := startServe(t, vars)
 	require.NotContains(t, log.String(), "http://127.0.0.1:0")
 	require.NoError(t, stop())
+}
+
+// TestApplyGOGC: serve raises the collector's target only when GOGC is not set; an operator's
+// GOGC (the runtime read it at start) is left alone.
+func TestApplyGOGC(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+	applyGOGC(func(string) string { return "" })
+	require.Equal(t, serveGOGC, debug.SetGCPercent(100))
+	applyGOGC(func(k string) string {
+		if k == "GOGC" {
+			return "100"
+		}
+		return ""
+	})
+	require.Equal(t, 100, debug.SetGCPercent(100))
 }
