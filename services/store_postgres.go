@@ -117,8 +117,8 @@ func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs, lockTimeout s
 	return row.decision(), nil
 }
 
-// acquireBatchSQL decides a batch with idemgate_acquire_batch (migrations 00006 to 00009): one
-// statement, items in order.
+// acquireBatchSQL decides a batch with idemgate_acquire_batch (migrations 00006 to 00009; 00012
+// is the version in use): one statement, items in order.
 const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
   $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[],
   $14::integer[], $15::text[], $13::text)`
