@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/jackc/pgx/v5"
@@ -72,7 +73,7 @@ func TestAcquireBatchGenericPlansUseIndexes(t *testing.T) {
 			if it.attempt != "" {
 				atts[i] = &items[i].attempt
 			}
-			callers[i], ids[i], hashes[i], leases[i], apiKeys[i] = "idg_plans", uuidV4(t, conn), "hash", it.lease, 7
+			callers[i], ids[i], hashes[i], leases[i], apiKeys[i] = "idg_plans", uuid.NewString(), "hash", it.lease, 7
 		}
 		rows, err := conn.Query(ctx, `SELECT result FROM idemgate_acquire_batch($1::bigint[], $2::text[],
 		  $3::integer[], $4::text[], $5::text[], $5::text[], $5::text[], $6::text[], $7::text[], $8::uuid[],
@@ -114,13 +115,6 @@ func TestAcquireBatchGenericPlansUseIndexes(t *testing.T) {
 		require.NotContains(t, p, "Seq Scan", "a statement of the acquire functions scans a table:\n%s", p)
 	}
 	require.Greater(t, nested, 20, "the functions' own statements were not logged")
-}
-
-func uuidV4(t *testing.T, conn *pgx.Conn) string {
-	t.Helper()
-	var id string
-	require.NoError(t, conn.QueryRow(context.Background(), "SELECT gen_random_uuid()::text").Scan(&id))
-	return id
 }
 
 // TestAcquireBatchMigrationDown: 00012's Down puts 00009's idemgate_acquire_batch back (custom
