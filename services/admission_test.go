@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
@@ -638,6 +639,35 @@ func TestListKeysAndAttempts(t *testing.T) {
 		} {
 			_, err := b.reads.ListAttempts(bg, b.p.TenantID, f)
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
+		}
+	})
+}
+
+// TestOperationIDsAreTimeOrdered: operations get UUIDv7 ids (newOperationID), later ones
+// sorting after earlier ones, single and batch acquires alike, so the indexes on operation ids
+// fill at their right edge.
+func TestOperationIDsAreTimeOrdered(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		var ids []string
+		for i := 0; i < 3; i++ {
+			acq, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: fmt.Sprintf("v7-%d", i), TTLSeconds: 60})
+			require.NoError(t, err)
+			ids = append(ids, acq.OperationID)
+		}
+		items, err := b.adm.AcquireBatch(bg, b.p, []AcquireInput{{Key: "v7-b0", TTLSeconds: 60}, {Key: "v7-b1", TTLSeconds: 60}})
+		require.NoError(t, err)
+		for _, it := range items {
+			require.NoError(t, it.Err)
+			ids = append(ids, it.Acquisition.OperationID)
+		}
+		for i, id := range ids {
+			u, err := uuid.Parse(id)
+			require.NoError(t, err)
+			require.EqualValues(t, 7, u.Version(), "operation %d: %s", i, id)
+			if i > 0 {
+				require.Less(t, ids[i-1], id, "operation %d sorts after operation %d", i, i-1)
+			}
 		}
 	})
 }
