@@ -68,11 +68,16 @@ func (a *Auth) SetOperatorPassword(ctx context.Context, acct *OperatorAccount, i
 	if err != nil {
 		return err
 	}
-	res := a.db.WithContext(ctx).Model(&models.Operator{}).Where("id = ?", id).Update("password_hash", string(hash))
-	if res.Error != nil {
-		return storeError("set operator password", res.Error)
+	var changed int64
+	err = a.db.Write(ctx, func(db *gorm.DB) error {
+		res := db.Model(&models.Operator{}).Where("id = ?", id).Update("password_hash", string(hash))
+		changed = res.RowsAffected
+		return res.Error
+	})
+	if err != nil {
+		return storeError("set operator password", err)
 	}
-	if res.RowsAffected == 0 {
+	if changed == 0 {
 		return ErrNotFound
 	}
 	a.log.InfoContext(ctx, "operator password changed", "by", acct.Username, "operator_id", id)

@@ -223,8 +223,9 @@ func (a *Auth) lookup(ctx context.Context, h string, started time.Time, gen uint
 		go func(ctx context.Context, id int64) {
 			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			if err := a.db.WithContext(ctx).Model(&models.APIKey{}).Where("id = ?", id).
-				Update("last_used_at", time.Now().UTC()).Error; err != nil {
+			if err := a.db.Write(ctx, func(db *gorm.DB) error {
+				return db.Model(&models.APIKey{}).Where("id = ?", id).Update("last_used_at", time.Now().UTC()).Error
+			}); err != nil {
 				a.log.DebugContext(ctx, "could not record API key use", "err", err)
 			}
 		}(context.WithoutCancel(ctx), k.ID)
@@ -303,16 +304,20 @@ func (a *Auth) RevokeAPIKey(ctx context.Context, key string) (int64, error) {
 	if key == "" {
 		return 0, ErrNotFound
 	}
-	res := a.db.WithContext(ctx).Model(&models.APIKey{}).
-		Where("revoked_at IS NULL AND (secret_hash = ? OR prefix = ?)", hashSecret(key), key).
-		Update("revoked_at", time.Now().UTC())
-	if res.Error != nil {
-		return 0, storeError("revoke API key", res.Error)
+	var revoked int64
+	err := a.db.Write(ctx, func(db *gorm.DB) error {
+		res := db.Model(&models.APIKey{}).Where("revoked_at IS NULL AND (secret_hash = ? OR prefix = ?)", hashSecret(key), key).
+			Update("revoked_at", time.Now().UTC())
+		revoked = res.RowsAffected
+		return res.Error
+	})
+	if err != nil {
+		return 0, storeError("revoke API key", err)
 	}
-	if res.RowsAffected == 0 {
+	if revoked == 0 {
 		return 0, ErrNotFound
 	}
-	return res.RowsAffected, nil
+	return revoked, nil
 }
 
 // OperatorAccount is an operator as the dashboard sees it. TenantID nil means global.

@@ -330,11 +330,16 @@ func (rc *Reconciliation) createJob(ctx context.Context, scope, actor string, vi
 	j := &models.ReconciliationJob{ID: uuid.NewString(), Scope: scope, JobKey: in.JobID, TenantID: jobTenant,
 		Actor: actor, Status: JobRunning, Outcome: in.Status, Note: in.Note, Selection: selection, Filter: filterJSON,
 		OperationIDs: string(idsJSON), RequestHash: hash, Limited: limited, Total: len(ids), CreatedAt: now}
-	res := tx.Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "scope"}, {Name: "job_key"}}, DoNothing: true}).Create(j)
-	if res.Error != nil {
-		return nil, false, storeError("create reconciliation job", res.Error)
+	var inserted int64
+	err = rc.db.Write(ctx, func(db *gorm.DB) error {
+		res := db.Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "scope"}, {Name: "job_key"}}, DoNothing: true}).Create(j)
+		inserted = res.RowsAffected
+		return res.Error
+	})
+	if err != nil {
+		return nil, false, storeError("create reconciliation job", err)
 	}
-	if res.RowsAffected == 0 { // a concurrent request created it first
+	if inserted == 0 { // a concurrent request created it first
 		j, err := existing()
 		if err == nil && j == nil {
 			err = storeError("create reconciliation job", errors.New("job vanished after a conflict"))

@@ -227,11 +227,11 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 			break
 		}
 	}
-	sessCtx, cancel := r.db.Bounded(ctx)
-	defer cancel()
-	s := r.db.WithContext(sessCtx).Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
-	res.SessionsPurged = s.RowsAffected
-	return s.Error
+	return r.db.Write(ctx, func(db *gorm.DB) error {
+		s := db.Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
+		res.SessionsPurged = s.RowsAffected
+		return s.Error
+	})
 }
 
 // Run calls RunOnce at once and then every interval until ctx ends, logging each pass that

@@ -19,10 +19,9 @@ const DefaultSessionStoreTimeout = 5 * time.Second
 // are shared by every instance on one database (docs/reference.md §5). Its method set is fiber's
 // session storage (fiber.Storage): Get, Set, Delete, Reset and Close, over string keys and
 // opaque []byte values; the HTTP layer hands it to fiber's session middleware. Expired rows
-// are ignored on read and deleted by the reaper. Writes run in a transaction (models.DB.Tx)
-// even when they are one statement: on SQLite that is how they queue for the write lock with
-// every acquire, instead of polling for it (TestSessionStoreWritesDuringSQLiteStorm). Safe for
-// concurrent use.
+// are ignored on read and deleted by the reaper. Writes go through models.DB.Write, so on
+// SQLite they queue for the write lock with every acquire instead of polling for it
+// (TestSessionStoreWritesDuringSQLiteStorm). Safe for concurrent use.
 type SessionStore struct {
 	db      *models.DB
 	timeout time.Duration
@@ -75,8 +74,8 @@ func (s *SessionStore) Set(key string, val []byte, exp time.Duration) error {
 		t := time.Now().UTC().Add(exp)
 		row.ExpiresAt = &t
 	}
-	return s.db.Tx(ctx, func(tx *gorm.DB) error {
-		return tx.Clauses(clause.OnConflict{
+	return s.db.Write(ctx, func(db *gorm.DB) error {
+		return db.Clauses(clause.OnConflict{
 			Columns:   []clause.Column{{Name: "id"}},
 			DoUpdates: clause.AssignmentColumns([]string{"data", "expires_at"}),
 		}).Create(&row).Error
@@ -87,14 +86,14 @@ func (s *SessionStore) Set(key string, val []byte, exp time.Duration) error {
 func (s *SessionStore) Delete(key string) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	return s.db.Tx(ctx, func(tx *gorm.DB) error { return tx.Where("id = ?", key).Delete(&models.Session{}).Error })
+	return s.db.Write(ctx, func(db *gorm.DB) error { return db.Where("id = ?", key).Delete(&models.Session{}).Error })
 }
 
 // Reset removes every session: every dashboard account is signed out.
 func (s *SessionStore) Reset() error {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	return s.db.Tx(ctx, func(tx *gorm.DB) error { return tx.Where("1 = 1").Delete(&models.Session{}).Error })
+	return s.db.Write(ctx, func(db *gorm.DB) error { return db.Where("1 = 1").Delete(&models.Session{}).Error })
 }
 
 // Close does nothing: the database belongs to the caller.

@@ -11,8 +11,8 @@ import (
 
 // sqliteStore is the SQLite store: the same decisions as the PostgreSQL one, taken in Go by
 // the rules of rules.go inside one immediate transaction (the DSN sets _txlock=immediate, so
-// the write lock is taken at BEGIN and concurrent acquires queue on busy_timeout instead of
-// racing; no row locks are needed).
+// the write lock is taken at BEGIN; transactions queue for it in arrival order in models.DB.Tx
+// before they begin, and no row locks are needed).
 type sqliteStore struct {
 	db *models.DB
 }
@@ -20,8 +20,8 @@ type sqliteStore struct {
 func (sqliteStore) lock(q *gorm.DB) *gorm.DB { return q }
 
 // grouper gathers concurrent acquires into one immediate transaction: SQLite has one writer
-// anyway, so they queue in Go, in arrival order, instead of on busy_timeout's sleeps, and
-// share one commit (one fsync under synchronous=FULL). No row locks, so nothing is contended.
+// anyway, so they queue in Go, in arrival order, and share one commit (one fsync under
+// synchronous=FULL). No row locks, so nothing is contended.
 func (s sqliteStore) grouper() *grouper {
 	return &grouper{
 		single:      func(ctx context.Context, a acquireArgs, _ bool) (decision, error) { return s.acquire(ctx, a) },

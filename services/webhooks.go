@@ -319,12 +319,16 @@ func (w *Webhooks) SetEndpointDisabled(ctx context.Context, actor string, id int
 	if disabled {
 		at = time.Now().UTC()
 	}
-	res := w.db.WithContext(ctx).Model(&models.WebhookEndpoint{}).Where("id = ? AND deleted_at IS NULL", id).
-		Update("disabled_at", at)
-	if res.Error != nil {
-		return storeError("disable webhook endpoint", res.Error)
+	var changed int64
+	err := w.db.Write(ctx, func(db *gorm.DB) error {
+		res := db.Model(&models.WebhookEndpoint{}).Where("id = ? AND deleted_at IS NULL", id).Update("disabled_at", at)
+		changed = res.RowsAffected
+		return res.Error
+	})
+	if err != nil {
+		return storeError("disable webhook endpoint", err)
 	}
-	if res.RowsAffected == 0 {
+	if changed == 0 {
 		return ErrNotFound
 	}
 	w.log.InfoContext(ctx, "webhook endpoint changed", "by", actor, "endpoint_id", id, "disabled", disabled)
