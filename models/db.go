@@ -239,25 +239,21 @@ func (d *DB) QueryExecMode() string {
 //
 // Errors: fn's error, or the database's (a deadline is context.DeadlineExceeded).
 func (d *DB) Tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
-	ctx, cancel := d.Bounded(ctx)
-	defer cancel()
-	if err := d.takeTurn(ctx); err != nil {
-		return err
-	}
-	defer d.giveTurn()
-	return d.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if d.Dialect == Postgres && d.StoreTimeout > 0 {
-			idle := (d.StoreTimeout + time.Second).Milliseconds()
-			if err := tx.Exec(fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idle)).Error; err != nil {
-				return err
+	return d.Write(ctx, func(db *gorm.DB) error {
+		return db.Transaction(func(tx *gorm.DB) error {
+			if d.Dialect == Postgres && d.StoreTimeout > 0 {
+				idle := (d.StoreTimeout + time.Second).Milliseconds()
+				if err := tx.Exec(fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idle)).Error; err != nil {
+					return err
+				}
 			}
-		}
-		return fn(tx)
+			return fn(tx)
+		})
 	})
 }
 
-// Write runs fn's writes outside a transaction, bounded like Tx; on SQLite only after taking
-// this DB's turn at the write lock, as Tx does. A lone statement that does not wait its turn
+// Write runs fn's writes outside a transaction, bounded like Tx (which is Write around a
+// transaction); on SQLite only after taking this DB's turn at the write lock. A lone statement that does not wait its turn
 // polls for the lock in SQLite's busy handler and gets it only in the gaps between queued
 // transactions: during a storm on one key up to a third of such writes failed SQLITE_BUSY
 // within a 1 s deadline (TestSessionStoreWritesDuringSQLiteStorm). fn gets the handle to
