@@ -77,9 +77,13 @@ func (IdemKey) TableName() string { return "idem_keys" }
 // attempt_id retry is honoured (nil for operations created before it was recorded). EndedAt is set when the operation reaches a state in which retention may purge it
 // (succeeded, failed, released).
 type Operation struct {
-	ID              string
-	TenantID        int64
-	Key             string
+	ID       string
+	TenantID int64
+	Key      string
+	// KeyID is the operation's key row (IdemKey.ID), unique with FencingToken (migration 00013):
+	// a key's generations are looked up by it. Key rows are never deleted. Zero is left out of
+	// an INSERT, and the database fills it in from TenantID and Key.
+	KeyID           int64 `gorm:"default:null"`
 	OperationName   *string
 	Fingerprint     *string
 	CorrelationID   *string

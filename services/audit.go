@@ -71,10 +71,10 @@ func NewAudit(db *models.DB) *Audit { return &Audit{reader{db: db, st: newStore(
 // possibleDuplicateEffectOf is the SQL condition "operation <op> was admitted while an earlier
 // operation of its key was in a state that may duplicate its effect" (mayDuplicateEffect;
 // AuditGroup.PossibleDuplicateEffect), for an operation id column op. The unique index on
-// (tenant_id, key, fencing_token) serves the lookup.
+// (key_id, fencing_token) serves the lookup.
 func possibleDuplicateEffectOf(op string) string {
 	return `EXISTS (SELECT 1 FROM operations pl JOIN operations pe
-	  ON pe.tenant_id = pl.tenant_id AND pe.key = pl.key AND pe.fencing_token < pl.fencing_token
+	  ON pe.key_id = pl.key_id AND pe.fencing_token < pl.fencing_token
 	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + strings.Join(duplicateEffectStates, "', '") + `'))`
 }
 
@@ -234,8 +234,9 @@ func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*A
 		ID           string
 		FencingToken int64
 	}
-	if err := tx.Raw(`SELECT o.tenant_id, o.key, o.id, o.fencing_token FROM operations o
-		WHERE o.tenant_id IN ? AND o.key IN ? AND `+possibleDuplicateEffectOf("o.id"), tenantIDs, keys).
+	if err := tx.Raw(`SELECT o.tenant_id, o.key, o.id, o.fencing_token FROM idem_keys k
+		JOIN operations o ON o.key_id = k.id
+		WHERE k.tenant_id IN ? AND k.key IN ? AND `+possibleDuplicateEffectOf("o.id"), tenantIDs, keys).
 		Scan(&flagged).Error; err != nil {
 		return nil, storeError("audit", err)
 	}

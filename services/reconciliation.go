@@ -277,7 +277,7 @@ func (ds *Dashboard) OperationForOperator(ctx context.Context, acct *OperatorAcc
 	}
 	var gens []models.Operation
 	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
-		Where("tenant_id = ? AND key = ?", m.TenantID, m.Key).
+		Where("key_id = ?", m.KeyID).
 		Order("fencing_token DESC").Limit(MaxGenerations).Find(&gens).Error; err != nil {
 		return nil, storeError("get operation", err)
 	}
@@ -289,8 +289,7 @@ func (ds *Dashboard) OperationForOperator(ctx context.Context, acct *OperatorAcc
 	}
 	var earlier []models.Operation
 	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
-		Where("tenant_id = ? AND key = ? AND fencing_token < ? AND state IN ?", m.TenantID, m.Key, m.FencingToken,
-			duplicateEffectStates).
+		Where("key_id = ? AND fencing_token < ? AND state IN ?", m.KeyID, m.FencingToken, duplicateEffectStates).
 		Order("fencing_token DESC").Limit(MaxGenerations).Find(&earlier).Error; err != nil {
 		return nil, storeError("get operation", err)
 	}

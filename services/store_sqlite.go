@@ -85,6 +85,7 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			if err := tx.Create(&k).Error; err != nil {
 				return err
 			}
+			newOp.KeyID = k.ID
 			if err := tx.Create(&newOp).Error; err != nil {
 				return err
 			}
@@ -151,7 +152,7 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			} else if !errors.Is(err, gorm.ErrRecordNotFound) {
 				return err
 			}
-			newOp.FencingToken = k.FencingToken + 1
+			newOp.FencingToken, newOp.KeyID = k.FencingToken+1, k.ID
 			if err := tx.Model(&models.IdemKey{}).Where("id = ?", k.ID).Updates(map[string]any{
 				"fencing_token": newOp.FencingToken, "holder_operation_id": opID, "expires_at": expires,
 				"last_operation_id": opID, "acquired_at": now,
