@@ -69,8 +69,17 @@ func (a *Admission) WithGroupAdmission(on bool) *Admission {
 // because one of their acquires would have waited on a row lock (PostgreSQL; those acquires
 // were then decided alone). All zero when grouping is off. Items/Batches is the mean batch
 // size; a growing Singles share means an idle database.
+//
+// Busy is the time the statements sent from the statement slot took, summed (Batches+Singles
+// statements; wall time from sending to the last row read, so execution and commit), and
+// Busy/(Batches+Singles) a statement's mean latency. Its rate against wall time is the slot's
+// occupancy (one slot per process). Below 1, some acquires find the slot free and go alone.
+// Near 1, every acquire waits for the statement in flight and goes in the next: its latency
+// includes that wait, and the instance's rate grows with load only as the batches grow
+// (make bench: 98% busy at both 16 and 64 connections, 7.8 and 28.8 acquires per statement).
 type GroupStats struct {
 	Batches, Items, Singles, Contended int64
+	Busy                               time.Duration
 }
 
 // GroupStats returns a's group admission counters (see GroupStats).
@@ -81,7 +90,7 @@ func (a *Admission) GroupStats() GroupStats {
 	}
 	g := gs.g
 	return GroupStats{Batches: g.nBatches.Load(), Items: g.nItems.Load(), Singles: g.nSingles.Load(),
-		Contended: g.nContended.Load()}
+		Contended: g.nContended.Load(), Busy: time.Duration(g.busyNanos.Load())}
 }
 
 // AcquireInput is an acquire request (docs/reference.md §4 "POST /v1/acquire"). Nil pointers are absent

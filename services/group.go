@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // grouper is group admission: it gathers the acquires that one process receives at the same
@@ -45,7 +46,14 @@ type grouper struct {
 	// acquires sent alone because a slot was free, and statements undone on a row lock (for
 	// tests, metrics and benchmarks).
 	nBatches, nItems, nSingles, nContended atomic.Int64
+	// busyNanos is the time statements sent from the slots took, summed (nanoseconds): their
+	// occupancy. Acquires decided alone after a contended statement run outside the slots and
+	// are not in it.
+	busyNanos atomic.Int64
 }
+
+// busySince adds the time since start, when a statement from a slot was sent, to busyNanos.
+func (g *grouper) busySince(start time.Time) { g.busyNanos.Add(int64(time.Since(start))) }
 
 // groupedStore is a store whose acquires go through a grouper (group admission); everything
 // else, batch acquires included, is the store's own.
@@ -87,7 +95,9 @@ func (g *grouper) acquire(ctx context.Context, a acquireArgs) (decision, error) 
 		g.inFlight++
 		g.mu.Unlock()
 		g.nSingles.Add(1)
+		start := time.Now()
 		d, err := g.single(ctx, a, true)
+		g.busySince(start)
 		g.release()
 		if g.isContended(err) {
 			return g.single(ctx, a, false)
@@ -168,7 +178,9 @@ func (g *grouper) run(batch []*pendingAcquire) {
 		// A batch of one is a single acquire: counted as one, sent as one.
 		g.nSingles.Add(1)
 		p := batch[0]
+		start := time.Now()
 		p.d, p.err = g.single(p.ctx, p.args, true)
+		g.busySince(start)
 		if g.isContended(p.err) {
 			go g.decideAlone(batch)
 			return
@@ -183,7 +195,9 @@ func (g *grouper) run(batch []*pendingAcquire) {
 		as[i] = p.args
 	}
 	ctx, cancel := g.bound()
+	start := time.Now()
 	ds, err := g.batch(ctx, as)
+	g.busySince(start)
 	cancel()
 	if g.isContended(err) {
 		// One of them would wait on a row lock: nothing was decided. The slot goes on with

@@ -418,3 +418,62 @@ func TestGrouperCountsEveryAcquireOnce(t *testing.T) {
 	require.EqualValues(t, 2, g.nSingles.Load()+g.nItems.Load(), "each acquire counted once")
 	require.Zero(t, g.nBatches.Load())
 }
+
+// TestGrouperCountsSlotBusyTime: busyNanos (GroupStats.Busy, the busy-seconds metric) sums the
+// time statements sent from the slot took: at least as long as a statement the test held
+// open, no longer than the test's own span (one slot runs one statement at a time), batches
+// and batches of one included; the time an acquire spends decided alone after a lock timeout
+// is outside the slot and not counted. Before busyNanos there was no measure of the slot's
+// occupancy, which is what bounds an instance's rate (README, Performance).
+func TestGrouperCountsSlotBusyTime(t *testing.T) {
+	f := &fakeStore{gate: make(chan struct{})}
+	g := newFakeGrouper(f, 1)
+	begin := time.Now()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); g.acquire(bg, acquireArgs{in: AcquireInput{Key: "first"}}) }()
+	for {
+		f.mu.Lock()
+		n := len(f.singles)
+		f.mu.Unlock()
+		if n == 1 {
+			break
+		}
+	}
+	held := time.Now() // "first" is in its statement from here on
+	for i := range 4 { // three in a batch, then one alone
+		queued(g, i)
+		wg.Add(1)
+		go func() { defer wg.Done(); g.acquire(bg, acquireArgs{in: AcquireInput{Key: fmt.Sprint(i)}}) }()
+	}
+	queued(g, 4)
+	open := time.Since(held)
+	close(f.gate)
+	wg.Wait()
+	span := time.Since(begin)
+	require.Equal(t, [][]string{{"0", "1", "2"}}, f.batches)
+	require.Equal(t, []string{"first", "3"}, f.singles)
+	busy := time.Duration(g.busyNanos.Load())
+	require.GreaterOrEqual(t, busy, open, "the statement held open is counted")
+	require.LessOrEqual(t, busy, span, "one slot: its statements never overlap")
+
+	// A lock timeout: the bounded statement counts, the unbounded wait outside the slot not.
+	lf := &fakeStore{gate: make(chan struct{}), locked: map[string]bool{"locked": true}}
+	lg := newFakeGrouper(lf, 1)
+	done := make(chan struct{})
+	go func() { lg.acquire(bg, acquireArgs{in: AcquireInput{Key: "locked"}}); close(done) }()
+	for {
+		lf.mu.Lock()
+		n := len(lf.unbounded)
+		lf.mu.Unlock()
+		if n == 1 {
+			break
+		}
+	}
+	before := lg.busyNanos.Load()
+	require.Positive(t, before, "the bounded statement was counted before the slot was given back")
+	close(lf.gate)
+	<-done
+	require.Equal(t, before, lg.busyNanos.Load(), "waiting alone, outside the slot, is not slot time")
+	require.EqualValues(t, 1, lg.nContended.Load())
+}

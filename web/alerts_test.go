@@ -1,6 +1,7 @@
 package web
 
 import (
+	"encoding/json"
 	"os"
 	"regexp"
 	"testing"
@@ -45,4 +46,39 @@ func TestAlertRulesNameRealMetrics(t *testing.T) {
 	for _, want := range []string{"IdemgateReconciliationOverdue", "IdemgateReaperStale", "IdemgateWebhookDeliveriesFailed"} {
 		require.Contains(t, alerts, want)
 	}
+}
+
+// requireDashboardSeries: docs/grafana-idemgate.json is valid JSON, and every idemgate_ series
+// its panels query is in sc (a histogram's _bucket and _count under the histogram's name), as
+// TestAlertRulesNameRealMetrics checks the alert rules: a renamed metric must not leave an
+// empty panel behind. Called with the scrape of TestMetricsCountEveryDecision, after which
+// every labelled series has a value.
+func requireDashboardSeries(t *testing.T, sc scrape) {
+	t.Helper()
+	raw, err := os.ReadFile("../docs/grafana-idemgate.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	name := regexp.MustCompile(`idemgate_[a-z_]+`)
+	suffix := regexp.MustCompile(`_(bucket|count|sum)$`)
+	queried := map[string]bool{}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range name.FindAllString(tg.Expr, -1) {
+				_, ok := sc[m]
+				if !ok {
+					_, ok = sc[suffix.ReplaceAllString(m, "")]
+				}
+				require.True(t, ok, "panel %q uses %s, which /metrics does not serve", p.Title, m)
+				queried[m] = true
+			}
+		}
+	}
+	require.True(t, queried["idemgate_group_admission_busy_seconds_total"], "the slot occupancy panel")
+	require.True(t, queried["idemgate_acquires_total"])
 }

@@ -344,10 +344,6 @@ func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(r.errorsDesc, prometheus.CounterValue, float64(errs))
 }
 
-// registerGroupStats exports group admission's counters (services.GroupStats): how many
-// statements decided several acquires, how many acquires they carried, how many went alone,
-// and how many statements gave up on a row lock (their acquires then decided alone). Constant
-// zero when grouping is off.
 // registerWaiters exports how many requests wait for an operation's outcome right now
 // (GET /v1/operations/{id}?wait=, docs/reference.md §8): near IDEMGATE_MAX_WAITERS, waits are
 // about to be refused with 503 too_many_waiters.
@@ -358,6 +354,10 @@ func registerWaiters(reg prometheus.Registerer, aw *services.Awaiter) {
 	}, func() float64 { return float64(aw.Waiting()) }))
 }
 
+// registerGroupStats exports group admission's counters (services.GroupStats): how many
+// statements decided several acquires, how many acquires they carried, how many went alone,
+// how many statements gave up on a row lock (their acquires then decided alone), and the
+// seconds the statement slot was busy. Constant zero when grouping is off.
 func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupStats) {
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -376,6 +376,10 @@ func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupSt
 			Name: "idemgate_group_admission_contended_total",
 			Help: "Group admission statements undone because an acquire in them would have waited on a row lock; their acquires were decided alone.",
 		}, func() float64 { return float64(stats().Contended) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemgate_group_admission_busy_seconds_total",
+			Help: "Seconds the group admission statement slot spent running statements (execution and commit). Its rate is the slot's occupancy: near 1, every acquire waits for the statement in flight, and the acquire rate grows only as batches grow.",
+		}, func() float64 { return stats().Busy.Seconds() }),
 	)
 }
 

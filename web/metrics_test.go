@@ -237,6 +237,9 @@ func TestMetricsCountEveryDecision(t *testing.T) {
 				require.NotContains(t, labels, "no-such-page", "a raw path became a label")
 				require.NotContains(t, labels, opID(done), "a raw path became a label")
 			}
+			if db.Dialect == models.Postgres { // the pool series are PostgreSQL's
+				requireDashboardSeries(t, sc)
+			}
 		})
 	}
 }
@@ -278,13 +281,15 @@ func TestPoolMetrics(t *testing.T) {
 
 // TestGroupAdmissionMetrics: with group admission on (the served default), each of 48
 // concurrent acquires is counted exactly once, alone or in a batch (whether any batch forms
-// depends on timing), on both databases, and no statement was contended.
+// depends on timing), on both databases, no statement was contended, and the statement slot's
+// busy seconds are more than zero and no more than the time the acquires took.
 func TestGroupAdmissionMetrics(t *testing.T) {
 	for _, db := range dbs.All() {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			s := newTestServer(t, db)
 			c := newTenantClient(t, s)
 			const n = 48
+			begin := time.Now()
 			var wg sync.WaitGroup
 			statuses := make([]int, n)
 			for i := range n {
@@ -295,10 +300,14 @@ func TestGroupAdmissionMetrics(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			span := time.Since(begin)
 			for i, st := range statuses {
 				require.Equal(t, http.StatusCreated, st, "acquire %d", i)
 			}
 			sc := scrapeMetrics(t, s)
+			busy := sc.value(t, "idemgate_group_admission_busy_seconds_total")
+			require.Positive(t, busy, "48 acquires ran statements from the slot")
+			require.LessOrEqual(t, busy, span.Seconds(), "one slot: its statements never overlap")
 			batched, batches := sc.value(t, "idemgate_group_admission_batched_acquires_total"), sc.value(t, "idemgate_group_admission_batches_total")
 			singles := sc.value(t, "idemgate_group_admission_single_acquires_total")
 			require.Zero(t, sc.value(t, "idemgate_group_admission_contended_total"), "no row lock was held")
