@@ -3,7 +3,9 @@
 # .ci/bench/compare.sh against it (the ratio to the floor server, in turns, same run) for
 # new keys, duplicates (DUP_EVERY=4: every key acquired four times) and a retry storm on one
 # key (HOT_KEYS=1), at 16 and 64 connections; then, against idemgate alone: the storm and new
-# keys in turns (the storm goal is a ratio to the new-key rate), batches of 100
+# keys in turns (the storm goal is a ratio to the new-key rate) with the group admission
+# slot's acquires per statement, statement latency and occupancy, other keys' rate and p99
+# alone, beside new keys and beside a storm (in turns, medians), batches of 100
 # against single acquires (keys/s), group admission on (default) against off, and SQLite's new-key and
 # hot-key rates against PostgreSQL's. Env passed through to compare.sh: CONNS, SECONDS_EACH,
 # REPEATS.
@@ -58,16 +60,35 @@ single=.ci/single.lua
 echo "== one hot key against new keys, in turns (HOT_KEYS=1 and fresh keys), idemgate alone"
 printf '%-6s %10s %10s %9s %9s %7s %7s\n' conns new/s hot/s new_p99 hot_p99 rate p99
 med() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# The group admission slot, from idemgate's /metrics: "statements acquires busy_seconds" so far.
+slot() {
+  curl -sf "127.0.0.1:$port/metrics" | awk '$1=="idemgate_group_admission_batches_total"{b=$2}
+    $1=="idemgate_group_admission_batched_acquires_total"{i=$2} $1=="idemgate_group_admission_single_acquires_total"{s=$2}
+    $1=="idemgate_group_admission_busy_seconds_total"{t=$2} END{printf "%.0f %.0f %.6f\n", b+s, i+s, t}'
+}
+# slotrate LOAD URL CONNS SCRIPT [ENV=VALUE...]: rate's line, and the slot's work during it
+# appended to $tmp/slot as "LOAD statements acquires busy_seconds".
+slotrate() {
+  local load=$1; shift
+  local a; a=$(slot); rate "$@"; echo "$load $a $(slot)" >>"$tmp/slot"
+}
 : >"$tmp/turns"
 for c in ${CONNS:-16 64}; do
-  : >"$tmp/tn"; : >"$tmp/th"
+  : >"$tmp/tn"; : >"$tmp/th"; : >"$tmp/slot"
   for _ in $(seq "${REPEATS:-3}"); do
-    rate "http://127.0.0.1:$port" "$c" $single HOT_KEYS=0 >>"$tmp/tn"
-    rate "http://127.0.0.1:$port" "$c" $single HOT_KEYS=1 >>"$tmp/th"
+    slotrate new "http://127.0.0.1:$port" "$c" $single HOT_KEYS=0 >>"$tmp/tn"
+    slotrate hot "http://127.0.0.1:$port" "$c" $single HOT_KEYS=1 >>"$tmp/th"
   done
   nr=$(cut -d' ' -f1 "$tmp/tn" | med); np=$(cut -d' ' -f2 "$tmp/tn" | med)
   hr=$(cut -d' ' -f1 "$tmp/th" | med); hp=$(cut -d' ' -f2 "$tmp/th" | med)
   echo "$c $nr $hr $np $hp" | tee -a "$tmp/turns" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f %7.2f\n", $1, $2, $3, $4, $5, ($2>0)?$3/$2:0, ($4>0)?$5/$4:0}'
+  # What bounds these rates: one statement at a time (README, Performance). Occupancy near 100%
+  # means every acquire waited for the statement in flight; the rate is then acquires per
+  # statement over the statement's latency.
+  awk -v c="$c" -v secs="$secs" '{n[$1]+=$5-$2; a[$1]+=$6-$3; t[$1]+=$7-$4; r[$1]++}
+    END{printf "       slot at %s conns:", c
+        split("new hot", L); for (j=1; j<=2; j++) { l=L[j]; if (n[l]>0) printf "  %s keys %.1f acquires/statement, %.2f ms/statement, busy %.0f%%;", l, a[l]/n[l], 1000*t[l]/n[l], 100*t[l]/(r[l]*secs) }
+        printf "\n"}' "$tmp/slot"
 done
 
 # Beside the same 64-connection load of new keys too: on a machine whose cores the load takes,
@@ -79,11 +100,15 @@ beside() { # beside HOT_KEYS: rate of 16 connections of new keys beside a 64-con
   local w=$!
   sleep 1; rate "http://127.0.0.1:$port" 16 $single; wait $w
 }
-alone=$(rate "http://127.0.0.1:$port" 16 $single)
-busy=$(beside 0)
-storm=$(beside 1)
-echo "$alone $busy $storm" | awk '{printf "alone: %d/s p99 %.2f ms   beside new keys: %d/s p99 %.2f ms   beside the storm: %d/s p99 %.2f ms\n", $1, $2, $4, $5, $7, $8}'
-echo "$alone $busy $storm" >"$tmp/beside"
+# In turns, REPEATS times, medians: one 10-second p99 beside another load moved by 3x between
+# two runs of the same build (one met a checkpoint, the other not).
+: >"$tmp/beside-runs"
+for _ in $(seq "${REPEATS:-3}"); do
+  echo "$(rate "http://127.0.0.1:$port" 16 $single) $(beside 0) $(beside 1)" | tee -a "$tmp/beside-runs" |
+    awk '{printf "  run: alone %d/s p99 %.2f ms   beside new keys %d/s p99 %.2f ms   beside the storm %d/s p99 %.2f ms\n", $1, $2, $4, $5, $7, $8}'
+done
+for f in 1 2 4 5 7 8; do cut -d' ' -f$f "$tmp/beside-runs" | med; done | paste -sd' ' >"$tmp/beside"
+awk '{printf "medians: alone %d/s p99 %.2f ms   beside new keys %d/s p99 %.2f ms   beside the storm %d/s p99 %.2f ms\n", $1, $2, $3, $4, $5, $6}' "$tmp/beside"
 
 echo "== batch acquire (100 keys per request) against single acquires, 16 connections, idemgate alone"
 s=$(rate "http://127.0.0.1:$port" 16 $single); b=$(rate "http://127.0.0.1:$port" 16 .ci/batch.lua BATCH=100)
@@ -114,4 +139,4 @@ echo "== summary (ratios measured above, same run)"
 join <(grep "^[0-9]" "$tmp/cmp-new") "$tmp/turns" | awk '$1 ~ /^[0-9]+$/ {
   printf "%-3s conns: new keys %.2fx floor rate, p99 %.2fx floor p99 | one hot key %.2fx own new-key rate, p99 %.2fx new-key p99 (in turns)\n",
     $1, ($3>0)?$2/$3:0, ($5>0)?$4/$5:0, ($8>0)?$9/$8:0, ($10>0)?$11/$10:0 }'
-awk '{printf "16  conns: other keys beside a one-key storm: p99 %.2fx their p99 alone (%.2f -> %.2f ms), %.2fx their p99 beside the same load of new keys (%.2f ms)\n", ($2>0)?$8/$2:0, $2, $8, ($5>0)?$8/$5:0, $5}' "$tmp/beside"
+awk '{printf "16  conns: other keys beside a one-key storm: p99 %.2fx their p99 alone (%.2f -> %.2f ms), %.2fx their p99 beside the same load of new keys (%.2f ms), medians\n", ($2>0)?$6/$2:0, $2, $6, ($4>0)?$6/$4:0, $4}' "$tmp/beside"
