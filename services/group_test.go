@@ -424,7 +424,8 @@ func TestGrouperCountsEveryAcquireOnce(t *testing.T) {
 // open, no longer than the test's own span (one slot runs one statement at a time), batches
 // and batches of one included; the time an acquire spends decided alone after a lock timeout
 // is outside the slot and not counted. Before busyNanos there was no measure of the slot's
-// occupancy, which is what bounds an instance's rate (README, Performance).
+// occupancy: whether acquires find it free or wait for the statement in flight (README,
+// Performance).
 func TestGrouperCountsSlotBusyTime(t *testing.T) {
 	f := &fakeStore{gate: make(chan struct{})}
 	g := newFakeGrouper(f, 1)
