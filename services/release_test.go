@@ -102,9 +102,10 @@ func TestReleaseRefusalsChangeNothing(t *testing.T) {
 }
 
 // docs/reference.md §1.3: a late release after expiry, or after another attempt acquired the key, changes
-// nothing.
+// nothing. Not parallel: it checks that an expired operation stays in_progress until something
+// marks it, and the parallel tests' reaper passes (RunOnce covers every tenant) would mark it
+// uncertain in between (seen once in CI: "expected in_progress, actual uncertain").
 func TestLateRelease(t *testing.T) {
-	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		expired := mustAcquire(t, b, "late-expired", 1)
 		a := mustAcquire(t, b, "late-reacquired", 1)
