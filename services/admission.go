@@ -65,10 +65,12 @@ func (a *Admission) WithGroupAdmission(on bool) *Admission {
 
 // GroupStats counts group admission's work since the process started: Batches is the number
 // of statements that decided more than one acquire, Items the acquires in them, Singles the
-// acquires sent alone because the statement slot was free, and Contended the statements undone
-// because one of their acquires would have waited on a row lock (PostgreSQL; those acquires
-// were then decided alone). All zero when grouping is off. Items/Batches is the mean batch
-// size; a growing Singles share means an idle database.
+// acquires decided in a statement of their own (the slot was free, or they were the only one
+// waiting when it came free), and Contended the statements undone because one of their
+// acquires would have waited on a row lock (PostgreSQL; those acquires are in Items and were
+// then decided alone, outside the slot). All zero when grouping is off. Items/Batches is the
+// mean size of the statements of several acquires, (Items+Singles)/(Batches+Singles) the mean
+// acquires per statement; a Singles share near 1 means acquires rarely wait for one another.
 //
 // Busy is the time the statements sent from the statement slot took, summed (Batches+Singles
 // statements; wall time from sending to the last row read, so execution and commit), and

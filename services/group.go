@@ -43,7 +43,7 @@ type grouper struct {
 	inFlight int
 
 	// Counts since start: statements of more than one acquire and the acquires in them,
-	// acquires sent alone because a slot was free, and statements undone on a row lock (for
+	// acquires decided in a statement of their own, and statements undone on a row lock (for
 	// tests, metrics and benchmarks).
 	nBatches, nItems, nSingles, nContended atomic.Int64
 	// busyNanos is the time statements sent from the slots took, summed (nanoseconds): their

@@ -370,7 +370,7 @@ func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupSt
 		}, func() float64 { return float64(stats().Items) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemgate_group_admission_single_acquires_total",
-			Help: "Acquires sent alone because the statement slot was free (group admission).",
+			Help: "Acquires decided in a statement of their own: the statement slot was free, or they were the only one waiting when it came free (group admission).",
 		}, func() float64 { return float64(stats().Singles) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemgate_group_admission_contended_total",
