@@ -70,6 +70,18 @@ func (f *fakeStore) batch(_ context.Context, as []acquireArgs) ([]decision, erro
 	return ds, nil
 }
 
+// await spins until count(), read under f.mu, reaches n: a goroutine has got that far into f.
+func (f *fakeStore) await(count func() int, n int) {
+	for {
+		f.mu.Lock()
+		c := count()
+		f.mu.Unlock()
+		if c >= n {
+			return
+		}
+	}
+}
+
 func newFakeGrouper(f *fakeStore, inFlight int) *grouper {
 	return &grouper{single: f.single, batch: f.batch, contended: isLockTimeout, maxInFlight: inFlight, maxItems: 3,
 		bound: func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }}
@@ -106,14 +118,7 @@ func TestGrouperBatchesWhatWaitsInArrivalOrder(t *testing.T) {
 		d, _ := g.acquire(bg, acquireArgs{in: AcquireInput{Key: "first"}})
 		results <- d.op.Key
 	}()
-	for {
-		f.mu.Lock()
-		n := len(f.singles)
-		f.mu.Unlock()
-		if n == 1 {
-			break
-		}
-	}
+	f.await(func() int { return len(f.singles) }, 1)
 	for i := 0; i < 5; i++ {
 		queued(g, i) // keep the arrival order deterministic
 		go func(i int) {
@@ -143,14 +148,7 @@ func TestGrouperSkipsAbandonedAcquires(t *testing.T) {
 	f := &fakeStore{gate: make(chan struct{})}
 	g := newFakeGrouper(f, 1)
 	go g.acquire(bg, acquireArgs{in: AcquireInput{Key: "first"}})
-	for {
-		f.mu.Lock()
-		n := len(f.singles)
-		f.mu.Unlock()
-		if n == 1 {
-			break
-		}
-	}
+	f.await(func() int { return len(f.singles) }, 1)
 	ctx, cancel := context.WithCancel(bg)
 	gaveUp := make(chan error)
 	go func() {
@@ -401,14 +399,7 @@ func TestGrouperCountsEveryAcquireOnce(t *testing.T) {
 	g := newFakeGrouper(f, 1)
 	done := make(chan struct{}, 2)
 	go func() { g.acquire(bg, acquireArgs{in: AcquireInput{Key: "first"}}); done <- struct{}{} }()
-	for {
-		f.mu.Lock()
-		n := len(f.singles)
-		f.mu.Unlock()
-		if n == 1 {
-			break
-		}
-	}
+	f.await(func() int { return len(f.singles) }, 1)
 	go func() { g.acquire(bg, acquireArgs{in: AcquireInput{Key: "waited"}}); done <- struct{}{} }()
 	queued(g, 1)
 	close(f.gate)
@@ -433,14 +424,7 @@ func TestGrouperCountsSlotBusyTime(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); g.acquire(bg, acquireArgs{in: AcquireInput{Key: "first"}}) }()
-	for {
-		f.mu.Lock()
-		n := len(f.singles)
-		f.mu.Unlock()
-		if n == 1 {
-			break
-		}
-	}
+	f.await(func() int { return len(f.singles) }, 1)
 	held := time.Now() // "first" is in its statement from here on
 	for i := range 4 { // three in a batch, then one alone
 		queued(g, i)
@@ -463,14 +447,7 @@ func TestGrouperCountsSlotBusyTime(t *testing.T) {
 	lg := newFakeGrouper(lf, 1)
 	done := make(chan struct{})
 	go func() { lg.acquire(bg, acquireArgs{in: AcquireInput{Key: "locked"}}); close(done) }()
-	for {
-		lf.mu.Lock()
-		n := len(lf.unbounded)
-		lf.mu.Unlock()
-		if n == 1 {
-			break
-		}
-	}
+	lf.await(func() int { return len(lf.unbounded) }, 1)
 	before := lg.busyNanos.Load()
 	require.Positive(t, before, "the bounded statement was counted before the slot was given back")
 	close(lf.gate)
