@@ -11,11 +11,9 @@ import (
 	"gorm.io/gorm"
 )
 
-// MaxLeaseSeconds is the largest lease_seconds a renew accepts: 30 days (docs/reference.md §8).
-const MaxLeaseSeconds = 2592000
-
 // RenewInput is a lease renewal, the owner's heartbeat (docs/reference.md §8 "POST
-// /v1/operations/{id}/renew"). LeaseSeconds (1 to MaxLeaseSeconds) is the new lease from now.
+// /v1/operations/{id}/renew"). LeaseSeconds (1 to the configured maximum TTL, in seconds) is
+// the new lease from now.
 // ExtendTTL lets the lease run past the protection window, which then moves to at least the
 // new lease end; without it the lease is capped at the window's end.
 type RenewInput struct {
@@ -25,11 +23,17 @@ type RenewInput struct {
 }
 
 // Validate checks in's fields other than the owner token (which Renew checks first, as an
-// outcome does: a wrong token is 403 whatever else is wrong). Errors: ErrInvalidRequest with
-// Fields.
-func (in *RenewInput) Validate() error {
-	if in.LeaseSeconds < 1 || in.LeaseSeconds > MaxLeaseSeconds {
-		return invalid(FieldError{Field: "lease_seconds", Message: fmt.Sprintf("must be an integer from 1 to %d", MaxLeaseSeconds)})
+// outcome does: a wrong token is 403 whatever else is wrong). maxTTL is the configured maximum
+// TTL (NewAdmission; 0 means DefaultMaxTTL): lease_seconds is bounded by it as an acquire's
+// ttl_seconds is, so that extend_ttl never moves a protection window further from now than an
+// acquire may set one. Errors: ErrInvalidRequest with Fields.
+func (in *RenewInput) Validate(maxTTL time.Duration) error {
+	if maxTTL <= 0 {
+		maxTTL = DefaultMaxTTL
+	}
+	maxSecs := min(int64(maxTTL/time.Second), MaxTTLSeconds)
+	if in.LeaseSeconds < 1 || in.LeaseSeconds > maxSecs {
+		return invalid(FieldError{Field: "lease_seconds", Message: fmt.Sprintf("must be an integer from 1 to %d", maxSecs)})
 	}
 	return nil
 }
@@ -77,7 +81,7 @@ func (a *Admission) Renew(ctx context.Context, p Principal, id string, in RenewI
 		if !secretMatches(in.OwnerToken, op.OwnerTokenHash) {
 			return ErrNotOwner
 		}
-		if err := in.Validate(); err != nil {
+		if err := in.Validate(a.maxTTL); err != nil {
 			return err
 		}
 		now, err := a.db.Now(ctx, tx)

@@ -3,6 +3,7 @@ package services
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -213,7 +214,7 @@ func TestRenewRefusals(t *testing.T) {
 		other.TenantID = b.p.TenantID + 100000
 		_, err = b.adm.Renew(bg, other, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: 5})
 		require.ErrorIs(t, err, ErrNotFound, "another tenant's operation does not exist")
-		for _, n := range []int64{0, -1, MaxLeaseSeconds + 1} {
+		for _, n := range []int64{0, -1, int64(DefaultMaxTTL/time.Second) + 1} {
 			_, err = b.adm.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: n})
 			require.True(t, isCode(err, CodeInvalidRequest), "lease_seconds %d: %v", n, err)
 		}
@@ -256,6 +257,38 @@ func TestRenewRefusals(t *testing.T) {
 // TestRenewRacesReaperAndAcquire: 50 concurrent late renews of a lapsed lease, a reaper pass
 // and acquires racing: no renew succeeds or moves the lease, and at most one acquire is
 // admitted (none while the TTL protects the key; one once it is over).
+// TestRenewBoundedByMaxTTL: a renew's lease_seconds is bounded by the configured maximum TTL,
+// the bound of a fresh acquire's ttl_seconds, so extend_ttl never moves a key's protection
+// window further from now than an acquire may set it. It was bounded by 30 days whatever
+// IDEMGATE_MAX_TTL said: with a maximum of one hour, one renew held the key for 30 days; with a
+// maximum of 60 days, a 40-day lease was refused.
+func TestRenewBoundedByMaxTTL(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		hour := NewAdmission(b.db, slog.New(slog.DiscardHandler), time.Hour)
+		acq, err := hour.Acquire(bg, b.p, AcquireInput{Key: "renew/max-ttl", TTLSeconds: 600})
+		require.NoError(t, err)
+		require.True(t, acq.Admitted)
+		for _, extend := range []bool{true, false} {
+			_, err = hour.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: 3601, ExtendTTL: extend})
+			require.Equal(t, []string{"lease_seconds"}, fieldsOf(t, err), "extend_ttl %v", extend)
+		}
+		require.WithinDuration(t, acq.ExpiresAt, opRow(t, b, acq.OperationID).ExpiresAt, time.Millisecond, "a refused renew moved the window")
+		require.WithinDuration(t, acq.ExpiresAt, *keyRow(t, b, "renew/max-ttl").ExpiresAt, time.Millisecond, "a refused renew moved the hold")
+		r, err := hour.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: 3600, ExtendTTL: true})
+		require.NoError(t, err)
+		require.WithinDuration(t, time.Now().Add(time.Hour), r.ExpiresAt, time.Minute)
+
+		long := NewAdmission(b.db, slog.New(slog.DiscardHandler), 60*24*time.Hour)
+		acq, err = long.Acquire(bg, b.p, AcquireInput{Key: "renew/max-ttl-long", TTLSeconds: 50 * 86400})
+		require.NoError(t, err)
+		r, err = long.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: 40 * 86400})
+		require.NoError(t, err, "a lease within the configured maximum TTL")
+		require.WithinDuration(t, time.Now().Add(40*24*time.Hour), r.LeaseExpiresAt, time.Minute)
+		require.Equal(t, acq.ExpiresAt, r.ExpiresAt)
+	})
+}
+
 func TestRenewRacesReaperAndAcquire(t *testing.T) {
 	// Not parallel: its reaper passes would clear other tests' expired holds, which some
 	// of them look at before clearing them themselves.

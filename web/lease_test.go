@@ -194,7 +194,7 @@ func FuzzParseWait(f *testing.F) {
 
 // FuzzDecodeRenew: a renew body decodes (strictly, owner_token and lease_seconds required) or
 // is refused as invalid_request; a decoded one validates exactly when lease_seconds is 1 to
-// 2592000.
+// 2592000, the default maximum TTL.
 func FuzzDecodeRenew(f *testing.F) {
 	for _, s := range []string{`{"owner_token":"ot_x","lease_seconds":30}`, `{"owner_token":"ot_x","lease_seconds":30,"extend_ttl":true}`,
 		`{"owner_token":"ot_x"}`, `{"lease_seconds":1}`, `{"owner_token":"ot_x","lease_seconds":0}`, `{"owner_token":"ot_x","lease_seconds":2592001}`,
@@ -210,8 +210,8 @@ func FuzzDecodeRenew(f *testing.F) {
 			require.Equal(t, services.CodeInvalidRequest, de.Code)
 			return
 		}
-		verr := in.Validate()
-		require.Equal(t, in.LeaseSeconds >= 1 && in.LeaseSeconds <= services.MaxLeaseSeconds, verr == nil, "lease_seconds %d", in.LeaseSeconds)
+		verr := in.Validate(services.DefaultMaxTTL)
+		require.Equal(t, in.LeaseSeconds >= 1 && in.LeaseSeconds <= 2592000, verr == nil, "lease_seconds %d", in.LeaseSeconds)
 	})
 }
 
