@@ -170,6 +170,8 @@ func (f *fakeServer) acquire(w http.ResponseWriter, a acquireReq) {
 	}
 	if f.broken == fakeCheckThenPut {
 		// The bug: the key was checked free in one critical section and is taken in another.
+		// The sleep is the injected race window (other acquires of the key run in it), not a
+		// wait for anything: without it the two sections are too close to interleave.
 		f.mu.Unlock()
 		time.Sleep(3 * time.Millisecond)
 		f.mu.Lock()

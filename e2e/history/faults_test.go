@@ -95,7 +95,10 @@ func (p *proc) start() error {
 	}
 	p.cmd = cmd
 	p.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		resp, err := http.Get(p.url() + "/healthz")
 		if err == nil {
@@ -104,10 +107,11 @@ func (p *proc) start() error {
 				return nil
 			}
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-poll.C:
+		case <-deadline.C:
 			return fmt.Errorf("server %s did not become healthy", p.addr)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -175,7 +179,7 @@ func (ft *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ft.mu.Lock()
 		ft.transportError++
 		ft.mu.Unlock()
-		time.Sleep(ft.backoff)
+		pause(req.Context(), ft.backoff)
 		return nil, err
 	}
 	if resp.StatusCode < 500 {
@@ -201,8 +205,19 @@ func (ft *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && ft.retryAfter && resp.StatusCode == 503 {
 		wait = time.Duration(secs) * time.Second
 	}
-	time.Sleep(wait)
+	pause(req.Context(), wait)
 	return resp, nil
+}
+
+// pause is a client's backoff of d, cut short when ctx ends: a call the workload cancels at
+// the end of a run returns at once instead of after its Retry-After (seconds, at times).
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // requireOnlyStoreUnavailable: every 5xx answer was 503 store_unavailable with Retry-After
