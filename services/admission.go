@@ -128,6 +128,12 @@ func (in *AcquireInput) onExpiry() string {
 	return OnExpiryReadmit
 }
 
+// ttlCeilingSeconds is the largest ttl_seconds, and renew lease_seconds, that maxTTL (the
+// configured maximum TTL) allows, in whole seconds and never above MaxTTLSeconds.
+func ttlCeilingSeconds(maxTTL time.Duration) int64 {
+	return min(int64(maxTTL/time.Second), MaxTTLSeconds)
+}
+
 // validate checks in against docs/reference.md's limits and returns the compacted metadata. All field
 // problems are reported at once.
 func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) {
@@ -138,7 +144,7 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 		}
 	}
 	add("key", ValidateKey(in.Key))
-	maxSecs := min(int64(maxTTL/time.Second), MaxTTLSeconds)
+	maxSecs := ttlCeilingSeconds(maxTTL)
 	if in.TTLSeconds < 1 || in.TTLSeconds > maxSecs {
 		add("ttl_seconds", fmt.Sprintf("must be an integer from 1 to %d", maxSecs))
 	}

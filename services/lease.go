@@ -24,14 +24,11 @@ type RenewInput struct {
 
 // Validate checks in's fields other than the owner token (which Renew checks first, as an
 // outcome does: a wrong token is 403 whatever else is wrong). maxTTL is the configured maximum
-// TTL (NewAdmission; 0 means DefaultMaxTTL): lease_seconds is bounded by it as an acquire's
-// ttl_seconds is, so that extend_ttl never moves a protection window further from now than an
-// acquire may set one. Errors: ErrInvalidRequest with Fields.
+// TTL (NewAdmission): lease_seconds is bounded by it as an acquire's ttl_seconds is, so that
+// extend_ttl never moves a protection window further from now than an acquire may set one.
+// Errors: ErrInvalidRequest with Fields.
 func (in *RenewInput) Validate(maxTTL time.Duration) error {
-	if maxTTL <= 0 {
-		maxTTL = DefaultMaxTTL
-	}
-	maxSecs := min(int64(maxTTL/time.Second), MaxTTLSeconds)
+	maxSecs := ttlCeilingSeconds(maxTTL)
 	if in.LeaseSeconds < 1 || in.LeaseSeconds > maxSecs {
 		return invalid(FieldError{Field: "lease_seconds", Message: fmt.Sprintf("must be an integer from 1 to %d", maxSecs)})
 	}
