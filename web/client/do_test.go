@@ -47,13 +47,17 @@ func TestDoHeartbeatKeepsKeyPastFirstLease(t *testing.T) {
 	eachDB(t, func(t *testing.T, srv *servertest.Server) {
 		c := newClient(t, srv)
 		other := newClient(t, srv)
-		req := client.AcquireRequest{Key: uniqueKey("long"), TTL: 30 * time.Second, Lease: time.Second}
+		// A 2-second lease, not the 1-second minimum: the heartbeat renews every third of it, so a
+		// 1-second lease is lost when one renew is held up for more than about 0.67 s, as
+		// happened in a clean-clone .ci/run while other packages loaded the machine (on both
+		// databases at once).
+		req := client.AcquireRequest{Key: uniqueKey("long"), TTL: 30 * time.Second, Lease: 2 * time.Second}
 		var mid *client.AcquireResult
 		res, err := c.Do(ctx(t), req, func(fctx context.Context, lease client.Lease) (client.Outcome, error) {
-			require.Equal(t, time.Second, lease.Duration)
+			require.Equal(t, 2*time.Second, lease.Duration)
 			require.False(t, lease.LeaseExpiresAt.IsZero(), "the admission names its lease end")
-			// Three first leases long: without heartbeats the operation would be uncertain.
-			if !hold(fctx, 3500*time.Millisecond) {
+			// Three first leases long and a half: without heartbeats the operation would be uncertain.
+			if !hold(fctx, 7*time.Second) {
 				return client.Outcome{}, context.Cause(fctx)
 			}
 			var err error

@@ -56,11 +56,14 @@ func TestLeaseRenewedForHandlerLongerThanLease(t *testing.T) {
 		idem := newClient(t, srv)
 		var handlerErr error
 		app := newApp()
-		app.Post("/v1/reports", fibermw.New(fibermw.Config{Client: idem, TTL: time.Minute, Lease: time.Second}),
+		// A 2-second lease rather than the 1-second minimum, so that one renew held up by a
+		// loaded machine for more than about 0.67 s does not lose it (see the client's
+		// TestDoHeartbeatKeepsKeyPastFirstLease).
+		app.Post("/v1/reports", fibermw.New(fibermw.Config{Client: idem, TTL: time.Minute, Lease: 2 * time.Second}),
 			func(c *fiber.Ctx) error {
-				// Three leases long; a lost lease would cancel the context.
+				// Three leases long and a half; a lost lease would cancel the context.
 				select {
-				case <-time.After(3500 * time.Millisecond):
+				case <-time.After(7 * time.Second):
 				case <-c.UserContext().Done():
 					handlerErr = context.Cause(c.UserContext())
 					return fiber.ErrServiceUnavailable
@@ -75,7 +78,7 @@ func TestLeaseRenewedForHandlerLongerThanLease(t *testing.T) {
 		// Past the first lease, a retry still finds the original in progress, not uncertain.
 		waitUntil(t, "the handler to outlast its first lease", func() bool {
 			kv, err := idem.GetKey(testCtx(t), "POST /v1/reports|"+key)
-			return err == nil && kv.Operation != nil && time.Since(kv.Operation.AcquiredAt) > 2*time.Second
+			return err == nil && kv.Operation != nil && time.Since(kv.Operation.AcquiredAt) > 4*time.Second
 		})
 		retry := send(t, testCtx(t), "POST", url, `{}`, "Idempotency-Key", key)
 		require.Equal(t, fiber.StatusConflict, retry.Status)
