@@ -179,7 +179,7 @@ func (ft *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ft.mu.Lock()
 		ft.transportError++
 		ft.mu.Unlock()
-		pause(req.Context(), ft.backoff)
+		sleepCtx(req.Context(), ft.backoff) // a call the workload cancelled returns at once
 		return nil, err
 	}
 	if resp.StatusCode < 500 {
@@ -205,19 +205,8 @@ func (ft *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && ft.retryAfter && resp.StatusCode == 503 {
 		wait = time.Duration(secs) * time.Second
 	}
-	pause(req.Context(), wait)
+	sleepCtx(req.Context(), wait) // Retry-After is seconds at times
 	return resp, nil
-}
-
-// pause is a client's backoff of d, cut short when ctx ends: a call the workload cancels at
-// the end of a run returns at once instead of after its Retry-After (seconds, at times).
-func pause(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // requireOnlyStoreUnavailable: every 5xx answer was 503 store_unavailable with Retry-After
