@@ -29,9 +29,14 @@ type Config struct {
 	LogLevel        slog.Level    // IDEMGATE_LOG_LEVEL, debug, info, warn or error; default info
 	ShutdownTimeout time.Duration // IDEMGATE_SHUTDOWN_TIMEOUT, how long SIGTERM waits for in-flight requests, default 10s
 	GroupAdmission  bool          // IDEMGATE_GROUP_ADMISSION, gather concurrent acquires into one statement and commit (both databases), default true
-	StoreTimeout    time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
-	StartTimeout    time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
-	MetricsToken    string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
+	// GroupLinger is IDEMGATE_GROUP_LINGER: whether group admission's slot waits, after a
+	// statement of several acquires with fewer than 16 waiting, for the callers it answered to
+	// come back (at most as long as that statement took, at most 5 ms): auto (default: when
+	// measured to decide more acquires per second), on or off. See services.LingerMode.
+	GroupLinger  services.LingerMode
+	StoreTimeout time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
+	StartTimeout time.Duration // IDEMGATE_START_TIMEOUT, how long start-up keeps retrying an unreachable database, default 60s
+	MetricsToken string        // IDEMGATE_METRICS_TOKEN, when set GET /metrics needs "Authorization: Bearer <it>"; default none
 	// Webhooks is IDEMGATE_WEBHOOKS: run a webhook dispatcher in this process (docs/reference.md
 	// §10), default true. Events are written to the outbox either way; turn it off on instances
 	// that should not make outbound calls, as long as one instance delivers.
@@ -98,6 +103,7 @@ var Variables = []Variable{
 	{Name: "IDEMGATE_SQLITE_PATH", Default: "./idemgate.db", Meaning: "SQLite file (single process only); its directory must exist"},
 	{Name: "IDEMGATE_DB_MAX_CONNS", Default: "16", Meaning: "PostgreSQL pool size per process (1-1000)"},
 	{Name: "IDEMGATE_GROUP_ADMISSION", Default: "true", Meaning: "decide concurrent acquires together, one statement and commit"},
+	{Name: "IDEMGATE_GROUP_LINGER", Default: "auto", Meaning: "group admission waits for answered callers to come back: auto (when measured faster), on or off"},
 	{Name: "IDEMGATE_MAX_TTL", Default: "30d", Meaning: "largest ttl_seconds accepted (at most 2147483647 s)"},
 	{Name: "IDEMGATE_RETENTION", Default: "90d", Meaning: "how long ended operations, attempts and events are kept"},
 	{Name: "IDEMGATE_REAP_INTERVAL", Default: "30s", Meaning: "time between reaper passes (at least 1s)"},
@@ -216,6 +222,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		*dst = b
 	}
 	boolean("IDEMGATE_GROUP_ADMISSION", &c.GroupAdmission)
+	if m, err := services.ParseLingerMode(getenv("IDEMGATE_GROUP_LINGER")); err != nil {
+		errs = append(errs, fmt.Errorf("IDEMGATE_GROUP_LINGER: %w", err))
+	} else {
+		c.GroupLinger = m
+	}
 	boolean("IDEMGATE_SECURE_COOKIES", &c.SecureCookies)
 	boolean("IDEMGATE_WEBHOOKS", &c.Webhooks)
 	boolean("IDEMGATE_TRACE_KEYS", &c.TraceKeys)

@@ -140,7 +140,7 @@ func serve(ctx context.Context, env Env) error {
 	defer stopAwait()
 	go awaiter.Run(awaitCtx)
 	srv := web.New(web.Config{
-		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
+		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithLinger(cfg.GroupLinger).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
 		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,

@@ -62,7 +62,23 @@ func TestVariableDefaultsAreTheServicesDefaults(t *testing.T) {
 	require.Equal(t, services.DefaultRetention, c.Retention)
 	require.Equal(t, DefaultStoreTimeout, c.StoreTimeout)
 	require.True(t, c.GroupAdmission)
+	require.Equal(t, services.LingerAuto, c.GroupLinger)
 	require.False(t, c.SecureCookies)
+}
+
+// TestGroupLingerIsReadOrRefused: IDEMGATE_GROUP_LINGER takes auto, on or off; anything else
+// stops every command at configuration, naming the variable and the values it takes.
+func TestGroupLingerIsReadOrRefused(t *testing.T) {
+	for v, want := range map[string]services.LingerMode{"auto": services.LingerAuto, "on": services.LingerOn, "off": services.LingerOff} {
+		c, err := LoadConfig(env(map[string]string{"IDEMGATE_GROUP_LINGER": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, c.GroupLinger, v)
+	}
+	for _, bad := range []string{"true", "false", "ON", "sometimes"} {
+		_, err := LoadConfig(env(map[string]string{"IDEMGATE_GROUP_LINGER": bad}))
+		require.ErrorContains(t, err, "IDEMGATE_GROUP_LINGER", bad)
+		require.ErrorContains(t, err, "auto, on or off", bad)
+	}
 }
 
 // TestServeHelpListsEveryVariable: `serve --help` (and `idemgate --help`) print every variable

@@ -33,6 +33,7 @@ type Admission struct {
 	log    *slog.Logger
 	maxTTL time.Duration
 	obs    Observer
+	linger LingerMode // group admission's, when on
 }
 
 // NewAdmission returns an Admission over db. maxTTL bounds ttl_seconds (0 means
@@ -58,9 +59,18 @@ func (a *Admission) WithGroupAdmission(on bool) *Admission {
 	}
 	c.st = base
 	if on {
-		c.st = groupedStore{store: base, g: base.grouper()}
+		c.st = groupedStore{store: base, g: base.grouper(c.linger)}
 	}
 	return &c
+}
+
+// WithLinger returns a copy of a whose group admission lingers as mode says (LingerMode; the
+// default is LingerAuto), in either order with WithGroupAdmission. a itself is not changed.
+func (a *Admission) WithLinger(mode LingerMode) *Admission {
+	c := *a
+	c.linger = mode
+	_, grouped := a.st.(groupedStore)
+	return c.WithGroupAdmission(grouped)
 }
 
 // GroupStats counts group admission's work since the process started: Batches is the number
@@ -79,9 +89,15 @@ func (a *Admission) WithGroupAdmission(on bool) *Admission {
 // Near 1, every acquire waits for the statement in flight and goes in the next: its latency
 // includes that wait, and the instance's rate grows with load only as the batches grow
 // (make bench: 98% busy at both 16 and 64 connections, 7.8 and 28.8 acquires per statement).
+//
+// Linger is the time the slot spent lingering (LingerMode: waiting, with no statement
+// running, for the callers just answered to come back), summed; not in Busy. LingersGathered
+// counts the lingers that gathered as many acquires as they waited for, LingersExpired those
+// that ended at their bound (under LingerAuto, each makes the slot skip lingers for a while).
 type GroupStats struct {
 	Batches, Items, Singles, Contended int64
-	Busy                               time.Duration
+	Busy, Linger                       time.Duration
+	LingersGathered, LingersExpired    int64
 }
 
 // GroupStats returns a's group admission counters (see GroupStats).
@@ -92,7 +108,8 @@ func (a *Admission) GroupStats() GroupStats {
 	}
 	g := gs.g
 	return GroupStats{Batches: g.nBatches.Load(), Items: g.nItems.Load(), Singles: g.nSingles.Load(),
-		Contended: g.nContended.Load(), Busy: time.Duration(g.busyNanos.Load())}
+		Contended: g.nContended.Load(), Busy: time.Duration(g.busyNanos.Load()),
+		Linger: time.Duration(g.lingerNanos.Load()), LingersGathered: g.nGathered.Load(), LingersExpired: g.nExpired.Load()}
 }
 
 // AcquireInput is an acquire request (docs/reference.md §4 "POST /v1/acquire"). Nil pointers are absent

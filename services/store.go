@@ -27,8 +27,9 @@ type store interface {
 	// first). It returns one decision per item, in order; an error means nothing was
 	// decided (or, for an error cut off at commit, nothing is known).
 	acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error)
-	// grouper returns a new group admission over this store's statements (group.go).
-	grouper() *grouper
+	// grouper returns a new group admission over this store's statements (group.go) that
+	// lingers as mode says.
+	grouper(mode LingerMode) *grouper
 	// lock makes q's SELECT take the row locks a read-modify-write needs: FOR UPDATE on
 	// PostgreSQL; nothing on SQLite, whose immediate transactions already hold the database's
 	// single write lock from BEGIN.

@@ -25,22 +25,20 @@ type pgStore struct {
 // (see grouper): a slot never waits longer than this on one key's row lock.
 const groupLockTimeout = "20ms"
 
-func (s *pgStore) grouper() *grouper {
-	return &grouper{
-		single: func(ctx context.Context, a acquireArgs, bounded bool) (decision, error) {
-			if bounded {
-				return s.acquireAlone(ctx, a, groupLockTimeout)
-			}
-			return s.acquireAlone(ctx, a, "")
-		},
-		batch: func(ctx context.Context, as []acquireArgs) ([]decision, error) {
-			return s.acquireMany(ctx, as, groupLockTimeout)
-		},
-		contended:   isLockTimeout,
-		bound:       func() (context.Context, context.CancelFunc) { return s.db.Bounded(context.Background()) },
-		maxInFlight: groupMaxInFlight,
-		maxItems:    groupMaxItems,
+func (s *pgStore) grouper(mode LingerMode) *grouper {
+	g := newGrouper(mode, groupMaxInFlight, groupMaxItems)
+	g.single = func(ctx context.Context, a acquireArgs, bounded bool) (decision, error) {
+		if bounded {
+			return s.acquireAlone(ctx, a, groupLockTimeout)
+		}
+		return s.acquireAlone(ctx, a, "")
 	}
+	g.batch = func(ctx context.Context, as []acquireArgs) ([]decision, error) {
+		return s.acquireMany(ctx, as, groupLockTimeout)
+	}
+	g.contended = isLockTimeout
+	g.bound = func() (context.Context, context.CancelFunc) { return s.db.Bounded(context.Background()) }
+	return g
 }
 
 func (s *pgStore) lock(q *gorm.DB) *gorm.DB { return q.Clauses(clause.Locking{Strength: "UPDATE"}) }

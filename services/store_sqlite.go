@@ -22,14 +22,12 @@ func (sqliteStore) lock(q *gorm.DB) *gorm.DB { return q }
 // grouper gathers concurrent acquires into one immediate transaction: SQLite has one writer
 // anyway, so they queue in Go, in arrival order, and share one commit (one fsync under
 // synchronous=FULL). No row locks, so nothing is contended.
-func (s sqliteStore) grouper() *grouper {
-	return &grouper{
-		single:      func(ctx context.Context, a acquireArgs, _ bool) (decision, error) { return s.acquire(ctx, a) },
-		batch:       s.acquireBatch,
-		bound:       func() (context.Context, context.CancelFunc) { return s.db.Bounded(context.Background()) },
-		maxInFlight: groupMaxInFlight,
-		maxItems:    groupMaxItems,
-	}
+func (s sqliteStore) grouper(mode LingerMode) *grouper {
+	g := newGrouper(mode, groupMaxInFlight, groupMaxItems)
+	g.single = func(ctx context.Context, a acquireArgs, _ bool) (decision, error) { return s.acquire(ctx, a) }
+	g.batch = s.acquireBatch
+	g.bound = func() (context.Context, context.CancelFunc) { return s.db.Bounded(context.Background()) }
+	return g
 }
 
 func (sqliteStore) hourOf(col string) string { return "strftime('%Y-%m-%d %H', " + col + ")" }

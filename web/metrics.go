@@ -356,8 +356,9 @@ func registerWaiters(reg prometheus.Registerer, aw *services.Awaiter) {
 
 // registerGroupStats exports group admission's counters (services.GroupStats): how many
 // statements decided several acquires, how many acquires they carried, how many went alone,
-// how many statements gave up on a row lock (their acquires then decided alone), and the
-// seconds the statement slot was busy. Constant zero when grouping is off.
+// how many statements gave up on a row lock (their acquires then decided alone), the seconds
+// the statement slot was busy and the seconds it lingered, and how its lingers ended.
+// Constant zero when grouping is off.
 func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupStats) {
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -380,6 +381,20 @@ func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupSt
 			Name: "idemgate_group_admission_busy_seconds_total",
 			Help: "Seconds the group admission statement slot spent running statements (execution and commit). Its rate is the slot's occupancy: near 1, every acquire waits for the statement in flight, and the acquire rate grows only as batches grow.",
 		}, func() float64 { return stats().Busy.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemgate_group_admission_linger_seconds_total",
+			Help: "Seconds the group admission statement slot spent lingering: after a statement of several acquires, waiting with no statement running for the callers it answered to come back (IDEMGATE_GROUP_LINGER).",
+		}, func() float64 { return stats().Linger.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idemgate_group_admission_lingers_total",
+			Help:        "Lingers of the group admission statement slot by how they ended: gathered (at least half the acquires it waited for came) or expired (it ended at its bound with fewer; under IDEMGATE_GROUP_LINGER=auto the slot then skips lingers for a while).",
+			ConstLabels: prometheus.Labels{"result": "gathered"},
+		}, func() float64 { return float64(stats().LingersGathered) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idemgate_group_admission_lingers_total",
+			Help:        "Lingers of the group admission statement slot by how they ended: gathered (at least half the acquires it waited for came) or expired (it ended at its bound with fewer; under IDEMGATE_GROUP_LINGER=auto the slot then skips lingers for a while).",
+			ConstLabels: prometheus.Labels{"result": "expired"},
+		}, func() float64 { return float64(stats().LingersExpired) }),
 	)
 }
 

@@ -313,6 +313,18 @@ func TestGroupAdmissionMetrics(t *testing.T) {
 			require.Zero(t, sc.value(t, "idemgate_group_admission_contended_total"), "no row lock was held")
 			require.EqualValues(t, n, batched+singles, "every acquire decided once, alone or in a batch")
 			require.LessOrEqual(t, 2*batches, batched, "a batch holds at least two acquires")
+			linger := sc.value(t, "idemgate_group_admission_linger_seconds_total")
+			require.GreaterOrEqual(t, linger, 0.0)
+			require.LessOrEqual(t, busy+linger, span.Seconds(), "one slot: it runs a statement or lingers, never both")
+			lingers := sc.series("idemgate_group_admission_lingers_total")
+			gathered, ok := lingers["result=gathered"]
+			require.True(t, ok, "lingers_total{result=gathered} in %v", lingers)
+			expired, ok := lingers["result=expired"]
+			require.True(t, ok, "lingers_total{result=expired} in %v", lingers)
+			require.LessOrEqual(t, gathered+expired, batches, "at most one linger after each statement of several")
+			if gathered+expired == 0 {
+				require.Zero(t, linger)
+			}
 		})
 	}
 }
