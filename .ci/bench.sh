@@ -4,11 +4,12 @@
 # new keys, duplicates (DUP_EVERY=4: every key acquired four times) and a retry storm on one
 # key (HOT_KEYS=1), at 16 and 64 connections; then, against idemgate alone: the storm and new
 # keys in turns (the storm goal is a ratio to the new-key rate) with the group admission
-# slot's acquires per statement, statement latency and occupancy, other keys' rate and p99
-# alone, beside new keys and beside a storm (in turns, medians), batches of 100
-# against single acquires (keys/s), group admission on (default) against off, and SQLite's new-key and
-# hot-key rates against PostgreSQL's. Env passed through to compare.sh: CONNS, SECONDS_EACH,
-# REPEATS.
+# slot's acquires per statement, statement latency, occupancy and lingering, other keys' rate
+# and p99 alone, beside GET /healthz, beside new keys and beside a storm (in turns, medians),
+# batches of 100 against single acquires (keys/s), group admission on (default) against off,
+# lingering off, on and auto (default), and SQLite's new-key and hot-key rates against
+# PostgreSQL's. Every run begins with a CHECKPOINT (see compare.sh). Env passed through to
+# compare.sh: CONNS, SECONDS_EACH, REPEATS.
 set -euo pipefail
 export PGOPTIONS=--client-min-messages=warning # no NOTICEs from DROP DATABASE IF EXISTS
 cd "$(dirname "$0")/.."
@@ -32,9 +33,12 @@ DUP_EVERY=4 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee
 echo "== retry storm (HOT_KEYS=1: every request the same key; the floor locks its row, idemgate does not)"
 HOT_KEYS=1 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee "$tmp/cmp-hot"
 
-# wrk against one URL: prints "requests/s p99_ms non2xx".
+# wrk against one URL: prints "requests/s p99_ms non2xx". rate starts with a checkpoint, as
+# compare.sh does, so that no run meets one; measure does not (beside takes its own first).
 secs=${SECONDS_EACH:-10}
-rate() { # rate URL CONNS SCRIPT [ENV=VALUE...]
+ckpt() { psql -h 127.0.0.1 -U postgres -qc CHECKPOINT >/dev/null; }
+rate() { ckpt; measure "$@"; }
+measure() { # measure URL CONNS SCRIPT [ENV=VALUE...]
   local url=$1 c=$2 script=$3; shift 3
   env "$@" IDEMGATE_API_KEY=$key wrk -t2 -c"$c" -d"${secs}s" --latency -s "$script" "$url" >"$tmp/wrk" 2>&1 || true
   awk '/Requests\/sec/{r=$2} $1=="99%"{v=$2; if(v~/us$/){sub(/us/,"",v);v/=1000} else if(v~/ms$/){sub(/ms/,"",v)} else if(v~/s$/){sub(/s/,"",v);v*=1000}; p=v}
@@ -60,14 +64,18 @@ single=.ci/single.lua
 echo "== one hot key against new keys, in turns (HOT_KEYS=1 and fresh keys), idemgate alone"
 printf '%-6s %10s %10s %9s %9s %7s %7s\n' conns new/s hot/s new_p99 hot_p99 rate p99
 med() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-# The group admission slot, from idemgate's /metrics: "statements acquires busy_seconds" so far.
+# The group admission slot, from idemgate's /metrics: "statements acquires busy_seconds
+# linger_seconds lingers_gathered lingers_expired" so far (IDEMGATE_GROUP_LINGER).
 slot() {
   curl -sf "127.0.0.1:$port/metrics" | awk '$1=="idemgate_group_admission_batches_total"{b=$2}
     $1=="idemgate_group_admission_batched_acquires_total"{i=$2} $1=="idemgate_group_admission_single_acquires_total"{s=$2}
-    $1=="idemgate_group_admission_busy_seconds_total"{t=$2} END{printf "%.0f %.0f %.6f\n", b+s, i+s, t}'
+    $1=="idemgate_group_admission_busy_seconds_total"{t=$2} $1=="idemgate_group_admission_linger_seconds_total"{l=$2}
+    $1=="idemgate_group_admission_lingers_total{result=\"gathered\"}"{g=$2} $1=="idemgate_group_admission_lingers_total{result=\"expired\"}"{x=$2}
+    END{printf "%.0f %.0f %.6f %.6f %.0f %.0f\n", b+s, i+s, t, l, g, x}'
 }
 # slotrate LOAD URL CONNS SCRIPT [ENV=VALUE...]: rate's line, and the slot's work during it
-# appended to $tmp/slot as "LOAD statements acquires busy_seconds".
+# appended to $tmp/slot as "LOAD statements acquires busy_seconds linger_seconds
+# lingers_gathered lingers_expired" before, then the same after.
 slotrate() {
   local load=$1; shift
   local a; a=$(slot); rate "$@"; echo "$load $a $(slot)" >>"$tmp/slot"
@@ -85,30 +93,40 @@ for c in ${CONNS:-16 64}; do
   # What bounds these rates: one statement at a time (README, Performance). Occupancy near 100%
   # means every acquire waited for the statement in flight; the rate is then acquires per
   # statement over the statement's latency.
-  awk -v c="$c" -v secs="$secs" '{n[$1]+=$5-$2; a[$1]+=$6-$3; t[$1]+=$7-$4; r[$1]++}
+  # Lingering: the share of the time the slot waited for answered callers to come back, and
+  # the share of its lingers that gathered what they waited for.
+  awk -v c="$c" -v secs="$secs" '{n[$1]+=$8-$2; a[$1]+=$9-$3; t[$1]+=$10-$4; w[$1]+=$11-$5; g[$1]+=$12-$6; x[$1]+=$13-$7; r[$1]++}
     END{printf "       slot at %s conns:", c
-        split("new hot", L); for (j=1; j<=2; j++) { l=L[j]; if (n[l]>0) printf "  %s keys %.1f acquires/statement, %.2f ms/statement, busy %.0f%%;", l, a[l]/n[l], 1000*t[l]/n[l], 100*t[l]/(r[l]*secs) }
+        split("new hot", L); for (j=1; j<=2; j++) { l=L[j]; if (n[l]>0) printf "  %s keys %.1f acquires/statement, %.2f ms/statement, busy %.0f%%, lingering %.0f%% (%.0f%% of %d lingers gathered);", l, a[l]/n[l], 1000*t[l]/n[l], 100*t[l]/(r[l]*secs), 100*w[l]/(r[l]*secs), (g[l]+x[l]>0)?100*g[l]/(g[l]+x[l]):0, g[l]+x[l] }
         printf "\n"}' "$tmp/slot"
 done
 
 # Beside the same 64-connection load of new keys too: on a machine whose cores the load takes,
 # other keys slow down beside any load; what a storm on one key must not add is a slowdown of
 # its own (row locks, held pool connections), so the storm is compared with both.
-echo "== other keys during a retry storm: new keys at 16 connections, alone, beside 64 connections of new keys, and beside a 64-connection storm on one key"
-beside() { # beside HOT_KEYS: rate of 16 connections of new keys beside a 64-connection load
-  (IDEMGATE_API_KEY=$key HOT_KEYS=$1 wrk -t1 -c64 -d"$((secs + 2))s" -s $single "http://127.0.0.1:$port" >/dev/null 2>&1) &
+# And beside 64 connections of GET /healthz: no database, no authentication, the least work
+# idemgate does for a request; what that load alone does to other keys' p99 is the share of
+# the cores', which no handling of a storm can avoid on a machine whose cores the load shares.
+echo "== other keys during a retry storm: new keys at 16 connections, alone, beside 64 connections of GET /healthz, of new keys, and of a storm on one key"
+beside() { # beside LOAD: rate of 16 connections of new keys beside 64 connections of LOAD
+  ckpt
+  case $1 in
+    healthz) (wrk -t1 -c64 -d"$((secs + 2))s" "http://127.0.0.1:$port/healthz" >/dev/null 2>&1) & ;;
+    new) (IDEMGATE_API_KEY=$key HOT_KEYS=0 wrk -t1 -c64 -d"$((secs + 2))s" -s $single "http://127.0.0.1:$port" >/dev/null 2>&1) & ;;
+    storm) (IDEMGATE_API_KEY=$key HOT_KEYS=1 wrk -t1 -c64 -d"$((secs + 2))s" -s $single "http://127.0.0.1:$port" >/dev/null 2>&1) & ;;
+  esac
   local w=$!
-  sleep 1; rate "http://127.0.0.1:$port" 16 $single; wait $w
+  sleep 1; measure "http://127.0.0.1:$port" 16 $single; wait $w
 }
 # In turns, REPEATS times, medians: one 10-second p99 beside another load moved by 3x between
 # two runs of the same build (one met a checkpoint, the other not).
 : >"$tmp/beside-runs"
 for _ in $(seq "${REPEATS:-3}"); do
-  echo "$(rate "http://127.0.0.1:$port" 16 $single) $(beside 0) $(beside 1)" | tee -a "$tmp/beside-runs" |
-    awk '{printf "  run: alone %d/s p99 %.2f ms   beside new keys %d/s p99 %.2f ms   beside the storm %d/s p99 %.2f ms\n", $1, $2, $4, $5, $7, $8}'
+  echo "$(rate "http://127.0.0.1:$port" 16 $single) $(beside healthz) $(beside new) $(beside storm)" | tee -a "$tmp/beside-runs" |
+    awk '{printf "  run: alone %d/s p99 %.2f ms   beside /healthz %d/s p99 %.2f ms   beside new keys %d/s p99 %.2f ms   beside the storm %d/s p99 %.2f ms\n", $1, $2, $4, $5, $7, $8, $10, $11}'
 done
-for f in 1 2 4 5 7 8; do cut -d' ' -f$f "$tmp/beside-runs" | med; done | paste -sd' ' >"$tmp/beside"
-awk '{printf "medians: alone %d/s p99 %.2f ms   beside new keys %d/s p99 %.2f ms   beside the storm %d/s p99 %.2f ms\n", $1, $2, $3, $4, $5, $6}' "$tmp/beside"
+for f in 1 2 4 5 7 8 10 11; do cut -d' ' -f$f "$tmp/beside-runs" | med; done | paste -sd' ' >"$tmp/beside"
+awk '{printf "medians: alone %d/s p99 %.2f ms   beside /healthz %d/s p99 %.2f ms   beside new keys %d/s p99 %.2f ms   beside the storm %d/s p99 %.2f ms\n", $1, $2, $3, $4, $5, $6, $7, $8}' "$tmp/beside"
 
 echo "== batch acquire (100 keys per request) against single acquires, 16 connections, idemgate alone"
 s=$(rate "http://127.0.0.1:$port" 16 $single); b=$(rate "http://127.0.0.1:$port" 16 .ci/batch.lua BATCH=100)
@@ -121,6 +139,30 @@ printf '%-6s %10s %10s %9s %9s %7s\n' conns on/s off/s on_p99 off_p99 ratio
 for c in ${CONNS:-16 64}; do
   on=$(rate "http://127.0.0.1:$port" "$c" $single); off=$(rate "http://127.0.0.1:$offport" "$c" $single)
   echo "$c $on $off" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
+done
+
+# Lingering (IDEMGATE_GROUP_LINGER): off, on and auto (the default) on three instances of one
+# database, in turns, for a storm on one key at 16 connections (where lingering gains most)
+# and new keys at 64 (where batches are large enough without it, and lingering for all the
+# callers, before groupLingerTarget bounded it, lost 8-12%).
+echo "== group admission lingering: off, on and auto (the default), in turns, medians"
+lingerports=""
+for m in off on auto; do
+  lp=$(freeport); lingerports="$lingerports $m:$lp"
+  start "linger-$m" "$lp" DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db?sslmode=disable" IDEMGATE_GROUP_LINGER=$m
+done
+printf '%-22s %10s %10s %10s %8s %8s\n' load off/s on/s auto/s on/off auto/off
+: >"$tmp/linger"
+for lc in "storm 16 1" "new 64 0"; do
+  set -- $lc
+  : >"$tmp/l-off"; : >"$tmp/l-on"; : >"$tmp/l-auto"
+  for _ in $(seq "${REPEATS:-3}"); do
+    for mp in $lingerports; do
+      rate "http://127.0.0.1:${mp#*:}" "$2" $single HOT_KEYS=$3 | cut -d' ' -f1 >>"$tmp/l-${mp%%:*}"
+    done
+  done
+  lo=$(med <"$tmp/l-off"); ln=$(med <"$tmp/l-on"); la=$(med <"$tmp/l-auto")
+  echo "$1 $2 $lo $ln $la" | tee -a "$tmp/linger" | awk '{printf "%-22s %10d %10d %10d %8.2f %8.2f\n", $1 " at " $2 " conns", $3, $4, $5, ($3>0)?$4/$3:0, ($3>0)?$5/$3:0}'
 done
 
 echo "== SQLite (embedded, synchronous=FULL) against PostgreSQL, idemgate alone, 16 connections"
@@ -139,4 +181,5 @@ echo "== summary (ratios measured above, same run)"
 join <(grep "^[0-9]" "$tmp/cmp-new") "$tmp/turns" | awk '$1 ~ /^[0-9]+$/ {
   printf "%-3s conns: new keys %.2fx floor rate, p99 %.2fx floor p99 | one hot key %.2fx own new-key rate, p99 %.2fx new-key p99 (in turns)\n",
     $1, ($3>0)?$2/$3:0, ($5>0)?$4/$5:0, ($8>0)?$9/$8:0, ($10>0)?$11/$10:0 }'
-awk '{printf "16  conns: other keys beside a one-key storm: p99 %.2fx their p99 alone (%.2f -> %.2f ms), %.2fx their p99 beside the same load of new keys (%.2f ms), medians\n", ($2>0)?$6/$2:0, $2, $6, ($4>0)?$6/$4:0, $4}' "$tmp/beside"
+awk '{printf "16  conns: other keys beside a one-key storm: p99 %.2fx their p99 alone (%.2f -> %.2f ms), %.2fx beside the same connections of GET /healthz (%.2f ms; /healthz itself: %.2fx alone), %.2fx beside the same load of new keys (%.2f ms), medians\n", ($2>0)?$8/$2:0, $2, $8, ($4>0)?$8/$4:0, $4, ($2>0)?$4/$2:0, ($6>0)?$8/$6:0, $6}' "$tmp/beside"
+awk '{printf "lingering, auto vs off: %s at %s conns %.2fx (on: %.2fx)\n", $1, $2, ($3>0)?$5/$3:0, ($3>0)?$4/$3:0}' "$tmp/linger"
