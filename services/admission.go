@@ -92,8 +92,9 @@ func (a *Admission) WithLinger(mode LingerMode) *Admission {
 //
 // Linger is the time the slot spent lingering (LingerMode: waiting, with no statement
 // running, for the callers just answered to come back), summed; not in Busy. LingersGathered
-// counts the lingers that gathered as many acquires as they waited for, LingersExpired those
-// that ended at their bound (under LingerAuto, each makes the slot skip lingers for a while).
+// counts the lingers that gathered at least half the acquires they waited for,
+// LingersExpired those that ended at their bound with fewer (under LingerAuto, each makes the
+// slot skip lingers for a while).
 type GroupStats struct {
 	Batches, Items, Singles, Contended int64
 	Busy, Linger                       time.Duration

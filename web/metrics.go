@@ -354,6 +354,9 @@ func registerWaiters(reg prometheus.Registerer, aw *services.Awaiter) {
 	}, func() float64 { return float64(aw.Waiting()) }))
 }
 
+// lingersHelp is the help text of both series of idemgate_group_admission_lingers_total.
+const lingersHelp = "Lingers of the group admission statement slot by how they ended: gathered (at least half the acquires it waited for came) or expired (it ended at its bound with fewer; under IDEMGATE_GROUP_LINGER=auto the slot then skips lingers for a while)."
+
 // registerGroupStats exports group admission's counters (services.GroupStats): how many
 // statements decided several acquires, how many acquires they carried, how many went alone,
 // how many statements gave up on a row lock (their acquires then decided alone), the seconds
@@ -387,12 +390,12 @@ func registerGroupStats(reg prometheus.Registerer, stats func() services.GroupSt
 		}, func() float64 { return stats().Linger.Seconds() }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "idemgate_group_admission_lingers_total",
-			Help:        "Lingers of the group admission statement slot by how they ended: gathered (at least half the acquires it waited for came) or expired (it ended at its bound with fewer; under IDEMGATE_GROUP_LINGER=auto the slot then skips lingers for a while).",
+			Help:        lingersHelp,
 			ConstLabels: prometheus.Labels{"result": "gathered"},
 		}, func() float64 { return float64(stats().LingersGathered) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "idemgate_group_admission_lingers_total",
-			Help:        "Lingers of the group admission statement slot by how they ended: gathered (at least half the acquires it waited for came) or expired (it ended at its bound with fewer; under IDEMGATE_GROUP_LINGER=auto the slot then skips lingers for a while).",
+			Help:        lingersHelp,
 			ConstLabels: prometheus.Labels{"result": "expired"},
 		}, func() float64 { return float64(stats().LingersExpired) }),
 	)
