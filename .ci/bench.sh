@@ -8,7 +8,7 @@
 # and p99 alone, beside GET /healthz, beside new keys and beside a storm (in turns, medians),
 # batches of 100 against single acquires (keys/s), group admission on (default) against off,
 # lingering off, on and auto (default), and SQLite's new-key and hot-key rates against
-# PostgreSQL's. Every run begins with a CHECKPOINT (see compare.sh). Env passed through to
+# PostgreSQL's. Every run begins with a CHECKPOINT (see rate). Env passed through to
 # compare.sh: CONNS, SECONDS_EACH, REPEATS.
 set -euo pipefail
 export PGOPTIONS=--client-min-messages=warning # no NOTICEs from DROP DATABASE IF EXISTS
@@ -33,8 +33,12 @@ DUP_EVERY=4 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee
 echo "== retry storm (HOT_KEYS=1: every request the same key; the floor locks its row, idemgate does not)"
 HOT_KEYS=1 IDEMGATE_API_KEY=$key bash "$compare" "http://127.0.0.1:$port" | tee "$tmp/cmp-hot"
 
-# wrk against one URL: prints "requests/s p99_ms non2xx". rate starts with a checkpoint, as
-# compare.sh does, so that no run meets one; measure does not (beside takes its own first).
+# wrk against one URL: prints "requests/s p99_ms non2xx". rate starts with a checkpoint, so
+# that no run meets one: PostgreSQL starts one about every minute under this load (max_wal_size
+# 1 GB), and the 30-90 ms stalls of a run that met one decided its p99 (other keys' p99 alone
+# measured 48 ms in one make bench run, 5.7-8 ms in runs that each began with a CHECKPOINT).
+# compare.sh does the same. measure does not checkpoint (beside takes its own first, before
+# its other load).
 secs=${SECONDS_EACH:-10}
 ckpt() { psql -h 127.0.0.1 -U postgres -qc CHECKPOINT >/dev/null; }
 rate() { ckpt; measure "$@"; }
