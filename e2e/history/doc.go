@@ -64,8 +64,12 @@
 //   - Calls with no answer (transport error, timeout, 5xx) have an unknown outcome: they are
 //     given a return time after the whole history and the model lets them either have taken
 //     effect (an unseen admission gets an unknown id and an expiry that may pass at any time)
-//     or not. Unanswered reads are dropped.
-//   - Receipts, responses, metadata, correlation ids, attempt ids, duplicate counters and
+//     or not. Unanswered reads are dropped. Against the real server the database settles
+//     acquires: each sends its own attempt_id, which the operation it admits records, so after
+//     the run an unanswered acquire either becomes a lost admission (id and fencing token
+//     known, expiry not) or, having admitted nothing, is dropped (resolveLostAcquires). Open,
+//     a few dozen of them on one key put the search past its time bound.
+//   - Receipts, responses, metadata, correlation ids, attempt_id retries, duplicate counters and
 //     the operation state inside GET /v1/keys answers (read non-atomically by the server)
 //     are not modelled; an outcome's receipt is a function of its status, so "the same
 //     outcome again" means the same status.

@@ -39,13 +39,17 @@ type callInput struct {
 	Status   string
 	Release  bool
 	Call     int64
+	Attempt  string // attempt_id of an acquire, unique per call (see resolveLostAcquires)
 }
 
-// callOutput is what it got. Unknown: no answer (transport error, timeout, 5xx). Exp is the
-// answered expires_at in Unix nanoseconds and LeaseExp lease_expires_at (0 when absent); State
-// the operation state in the answer.
+// callOutput is what it got. Unknown: no answer (transport error, timeout, 5xx). Lost: an
+// acquire whose answer was lost but which, the database shows, admitted operation OpID with
+// fencing token Fencing (its expiry is unknown, as an unknown admission's). Exp is the answered
+// expires_at in Unix nanoseconds and LeaseExp lease_expires_at (0 when absent); State the
+// operation state in the answer.
 type callOutput struct {
 	Unknown  bool
+	Lost     bool
 	Status   int
 	Code     string
 	OpID     string
@@ -259,6 +263,17 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 	case kindAcquire:
 		if out.Unknown {
 			return []keyState{s, s.admit(fmt.Sprintf("?%d", s.fencing+1), in, 0, 0)}
+		}
+		if out.Lost {
+			// Admitted for certain, at some point before the history's end: the same checks
+			// as a 201, except the expiry, which nobody was told.
+			if out.Fencing != s.fencing+1 || !s.free(out.Ret) {
+				return nil
+			}
+			if _, dup := s.ops[out.OpID]; dup || out.OpID == "" {
+				return nil
+			}
+			return []keyState{s.admit(out.OpID, in, 0, 0)}
 		}
 		switch out.Status {
 		case 201:
@@ -574,6 +589,9 @@ func keyModel(opts modelOptions) porcupine.Model {
 			}
 			if out.Unknown {
 				return req + " -> ?"
+			}
+			if out.Lost {
+				return fmt.Sprintf("%s -> lost 201 op=%s f=%d", req, short(out.OpID), out.Fencing)
 			}
 			return fmt.Sprintf("%s -> %d %s op=%s f=%d state=%s held=%v", req, out.Status, out.Code,
 				short(out.OpID), out.Fencing, out.State, out.Held)

@@ -87,6 +87,32 @@ func TestModelUnknownOutcomes(t *testing.T) {
 		acq(2, 30*ms, 40*ms, "a", admitted("op2", 1))))
 }
 
+// TestModelLostAdmissions: an acquire whose answer was lost but which the database shows
+// admitted (resolveLostAcquires) is an admission with a known id and fencing token, so it
+// explains less than an unknown acquire does.
+func TestModelLostAdmissions(t *testing.T) {
+	lost := acq(0, 0, 1000*ms, "a", callOutput{Lost: true, OpID: "op1", Fencing: 1})
+	// Its expiry is unknown: a later admission or a duplicate naming it are both possible.
+	require.Equal(t, porcupine.Ok, checkHistory(t, lost,
+		acq(1, 10*ms, 20*ms, "a", admitted("op2", 2))))
+	require.Equal(t, porcupine.Ok, checkHistory(t, lost,
+		acq(1, 10*ms, 20*ms, "a", callOutput{Status: 200, OpID: "op1", State: "in_progress"})))
+	// A duplicate naming an operation nobody admitted is wrong, where an unknown acquire
+	// (TestModelUnknownOutcomes) could explain it.
+	require.Equal(t, porcupine.Illegal, checkHistory(t, lost,
+		acq(1, 10*ms, 20*ms, "a", callOutput{Status: 200, OpID: "ghost", State: "in_progress"})))
+	// It took a fencing token: nobody else may have it, and it cannot be skipped.
+	require.Equal(t, porcupine.Illegal, checkHistory(t, lost,
+		acq(1, 10*ms, 20*ms, "a", admitted("op2", 1)),
+		acq(2, 30*ms, 40*ms, "a", admitted("op3", 2))))
+	require.Equal(t, porcupine.Illegal, checkHistory(t,
+		acq(0, 0, 10*ms, "a", callOutput{Lost: true, OpID: "op1", Fencing: 2})))
+	// It admits only a free key: not under a live 201's hold that outlasts the history.
+	require.Equal(t, porcupine.Illegal, checkHistory(t,
+		acq(0, 0, 10*ms, "a", admitted("op1", 1)),
+		acq(1, 20*ms, 1000*ms, "a", callOutput{Lost: true, OpID: "op2", Fencing: 2})))
+}
+
 // TestModelTornDuplicate: a duplicate reporting its operation released (after the hold was
 // gone) is refused by the strict model and accepted only with the documented relaxation.
 func TestModelTornDuplicate(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/google/uuid"
 )
 
 const testAPIKey = "idg_verify_test_key_0123456789abcdef"
@@ -281,7 +282,12 @@ func (w *workload) acquireInput(rng *rand.Rand, key string) (callInput, map[stri
 	}
 	in.FP = []string{"fp-a", "fp-b"}[rng.Intn(2)]
 	in.TTL = 1 + rng.Intn(3)
-	body := map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP}
+	// A fresh attempt_id per call: the operation it admits records it, so an acquire whose
+	// answer is lost can be looked up afterwards (resolveLostAcquires); never reused, so no
+	// call is an attempt_id retry.
+	in.Attempt = uuid.NewString()
+	body := map[string]any{"key": in.Key, "ttl_seconds": in.TTL, "operation": in.Name, "fingerprint": in.FP,
+		"attempt_id": in.Attempt}
 	if w.leases {
 		if rng.Intn(4) != 0 {
 			in.Lease = 1 + rng.Intn(in.TTL)
