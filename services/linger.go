@@ -11,11 +11,12 @@ import (
 // statement with the acquires already waiting instead of in a statement of their own. Fewer,
 // larger statements pay a statement's fixed cost (a round trip, the executor's start-up, a
 // commit's WAL flush) fewer times. Measured over HTTP on a 2-core machine with PostgreSQL and
-// the load on the same cores (three sets of runs in turns, 5 pairs of 10 s each or make
-// bench's 3, medians), lingering against not: a retry storm on one key 1.06–1.12× the acquires
-// per second at 16 connections and 0.98–1.03× at 64; new keys 1.04–1.05× at 16 and
-// 1.05–1.20× at 64. At 16 connections the statements held 15.7 acquires instead of 7.7, and
-// PostgreSQL's CPU per acquire fell by a third.
+// the load on the same cores (sets of 5-6 pairs of 8-10 s runs in turns, or make bench's 3,
+// medians), lingering against not: a retry storm on one key 1.06–1.12× the acquires per second
+// at 16 connections and 0.98–1.03× at 64; new keys 1.04–1.05× at 16. New keys at 64
+// connections, where batches are large without it, gain nothing beyond the noise: set medians
+// 0.93–1.20×, 0.99× over six pairs in rotated order. At 16 connections the statements held
+// 15.7 acquires instead of 7.7, and PostgreSQL's CPU per acquire fell by a third.
 //
 // Lingering pays only when the callers answered come back within about a statement's time, as
 // callers retrying or working through a queue do. Callers that do other work between acquires,
