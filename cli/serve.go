@@ -123,6 +123,10 @@ func serve(ctx context.Context, env Env) error {
 		log.Warn("created API key for tenant 'default'; this secret is shown only once", "api_key", boot.APIKey)
 	} else if boot.APIKeyCreated {
 		log.Info("created API key for tenant 'default' from IDEMGATE_BOOTSTRAP_API_KEY")
+	} else if boot.APIKeyIgnored {
+		log.Warn("IDEMGATE_BOOTSTRAP_API_KEY is ignored: API keys exist already, and it only seeds the first one, "+
+			"so unless it was stored on an earlier start it does not authenticate. "+
+			"Create a key with: idemgate apikey create --tenant NAME", "variable", "IDEMGATE_BOOTSTRAP_API_KEY")
 	}
 
 	sqlDB, err := db.SQL()

@@ -123,7 +123,8 @@ func TestServeMissingSQLiteDirectory(t *testing.T) {
 
 // TestServeWarnsThatAdminPasswordIsIgnored: IDEMGATE_ADMIN_PASSWORD seeds only the first
 // admin; on a later start with accounts present serve says it is ignored and how to change a
-// password, and the account keeps its password.
+// password, and the account keeps its password. IDEMGATE_BOOTSTRAP_API_KEY likewise: set only
+// on a later start, serve says it is ignored (a user found it silently answered 401).
 func TestServeWarnsThatAdminPasswordIsIgnored(t *testing.T) {
 	eachDialect(t, func(t *testing.T, vars map[string]string) {
 		vars["IDEMGATE_ADMIN_PASSWORD"] = "the-first-password"
@@ -133,11 +134,14 @@ func TestServeWarnsThatAdminPasswordIsIgnored(t *testing.T) {
 		require.NotContains(t, log.String(), "is ignored")
 
 		vars["IDEMGATE_ADMIN_PASSWORD"] = "a-changed-password"
+		vars["IDEMGATE_BOOTSTRAP_API_KEY"] = "idg_a_later_key_0123456789abcdef"
 		log, stop = startServe(t, vars)
 		require.NoError(t, stop())
 		require.Contains(t, log.String(), "IDEMGATE_ADMIN_PASSWORD is ignored: dashboard accounts exist already")
+		require.Contains(t, log.String(), "IDEMGATE_BOOTSTRAP_API_KEY is ignored: API keys exist already")
 		require.Contains(t, log.String(), "idemgate operator passwd USERNAME")
 		require.NotContains(t, log.String(), "a-changed-password", "the password is never logged")
+		require.NotContains(t, log.String(), "idg_a_later_key", "the key is never logged")
 
 		db, err := models.Open(context.Background(), models.OpenOptions{DatabaseURL: vars["DATABASE_URL"], SQLitePath: vars["IDEMGATE_SQLITE_PATH"]})
 		require.NoError(t, err)

@@ -426,6 +426,9 @@ type BootstrapResult struct {
 	AdminPassword string // generated admin password, shown once
 	APIKeyCreated bool
 	APIKey        string // generated default-tenant API key, shown once
+	// APIKeyIgnored: an API key was supplied, but API keys existed already, so it was not
+	// stored and does not authenticate (it only seeds an empty database).
+	APIKeyIgnored bool
 }
 
 // DefaultTenant is the tenant of the bootstrap API key (docs/reference.md §7).
@@ -460,6 +463,11 @@ func (a *Auth) Bootstrap(ctx context.Context, adminPassword, apiKey string) (*Bo
 	}
 	if err := db.Model(&models.APIKey{}).Count(&n).Error; err != nil {
 		return nil, storeError("bootstrap", err)
+	}
+	if n > 0 && apiKey != "" {
+		// Storing it on a later start would let whoever edits the environment mint a key; but
+		// unless said, the caller who set it gets 401s with no hint why.
+		res.APIKeyIgnored = true
 	}
 	if n == 0 {
 		secret, err := a.CreateAPIKey(ctx, DefaultTenant, "bootstrap", apiKey)
