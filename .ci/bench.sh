@@ -7,7 +7,7 @@
 # slot's acquires per statement, statement latency, occupancy and lingering, other keys' rate
 # and p99 alone, beside GET /healthz, beside new keys and beside a storm (in turns, medians),
 # batches of 100 against single acquires (keys/s), group admission on (default) against off,
-# lingering off, on and auto (default), and SQLite's new-key and hot-key rates against
+# lingering off (default), on and auto, and SQLite's new-key and hot-key rates against
 # PostgreSQL's. Every run begins with a CHECKPOINT (see rate). Env passed through to
 # compare.sh: CONNS, SECONDS_EACH, REPEATS.
 set -euo pipefail
@@ -145,11 +145,11 @@ for c in ${CONNS:-16 64}; do
   echo "$c $on $off" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
 done
 
-# Lingering (IDEMGATE_GROUP_LINGER): off, on and auto (the default) on three instances of one
+# Lingering (IDEMGATE_GROUP_LINGER): off (the default), on and auto on three instances of one
 # database, in turns, for a storm on one key at 16 connections (where lingering gains most)
 # and new keys at 64 (where batches are large enough without it, and lingering for all the
 # callers, before groupLingerTarget bounded it, lost 8-12%).
-echo "== group admission lingering: off, on and auto (the default), in turns, medians"
+echo "== group admission lingering: off (the default), on and auto, in turns, medians"
 lingerports=""
 for m in off on auto; do
   lp=$(freeport); lingerports="$lingerports $m:$lp"

@@ -31,8 +31,8 @@ type Config struct {
 	GroupAdmission  bool          // IDEMGATE_GROUP_ADMISSION, gather concurrent acquires into one statement and commit (both databases), default true
 	// GroupLinger is IDEMGATE_GROUP_LINGER: whether group admission's slot waits, after a
 	// statement of several acquires with fewer than 16 waiting, for the callers it answered to
-	// come back (at most as long as that statement took, at most 5 ms): auto (default: backs
-	// off while lingers gather less than half of what they wait for), on or off. See
+	// come back (at most as long as that statement took, at most 5 ms): off (default), on, or
+	// auto (backs off while lingers gather less than half of what they wait for). See
 	// services.LingerMode.
 	GroupLinger  services.LingerMode
 	StoreTimeout time.Duration // IDEMGATE_STORE_TIMEOUT, deadline of each request's (and each connection attempt's) database work, default 5s
@@ -104,7 +104,7 @@ var Variables = []Variable{
 	{Name: "IDEMGATE_SQLITE_PATH", Default: "./idemgate.db", Meaning: "SQLite file (single process only); its directory must exist"},
 	{Name: "IDEMGATE_DB_MAX_CONNS", Default: "16", Meaning: "PostgreSQL pool size per process (1-1000)"},
 	{Name: "IDEMGATE_GROUP_ADMISSION", Default: "true", Meaning: "decide concurrent acquires together, one statement and commit"},
-	{Name: "IDEMGATE_GROUP_LINGER", Default: "auto", Meaning: "group admission waits for answered callers to come back: auto (backs off when they do not), on or off"},
+	{Name: "IDEMGATE_GROUP_LINGER", Default: "off", Meaning: "group admission waits for answered callers to come back: off, on, or auto (backs off when they do not)"},
 	{Name: "IDEMGATE_MAX_TTL", Default: "30d", Meaning: "largest ttl_seconds accepted (at most 2147483647 s)"},
 	{Name: "IDEMGATE_RETENTION", Default: "90d", Meaning: "how long ended operations, attempts and events are kept"},
 	{Name: "IDEMGATE_REAP_INTERVAL", Default: "30s", Meaning: "time between reaper passes (at least 1s)"},

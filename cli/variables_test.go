@@ -62,7 +62,7 @@ func TestVariableDefaultsAreTheServicesDefaults(t *testing.T) {
 	require.Equal(t, services.DefaultRetention, c.Retention)
 	require.Equal(t, DefaultStoreTimeout, c.StoreTimeout)
 	require.True(t, c.GroupAdmission)
-	require.Equal(t, services.LingerAuto, c.GroupLinger)
+	require.Equal(t, services.LingerOff, c.GroupLinger)
 	require.False(t, c.SecureCookies)
 }
 

@@ -65,7 +65,7 @@ func (a *Admission) WithGroupAdmission(on bool) *Admission {
 }
 
 // WithLinger returns a copy of a whose group admission lingers as mode says (LingerMode; the
-// default is LingerAuto), in either order with WithGroupAdmission. a itself is not changed.
+// default is LingerOff), in either order with WithGroupAdmission. a itself is not changed.
 func (a *Admission) WithLinger(mode LingerMode) *Admission {
 	c := *a
 	c.linger = mode

@@ -127,11 +127,15 @@ func (p *proc) kill() {
 	p.cmd = nil
 }
 
-// groupAdmission is server i's IDEMGATE_GROUP_ADMISSION: the first server of every run groups
-// concurrent acquires into one statement (the default), the second decides each alone, so
-// both paths race each other on one database in every history.
-func groupAdmission(i int) string {
-	return fmt.Sprintf("IDEMGATE_GROUP_ADMISSION=%t", i == 0)
+// groupAdmission is server i's environment for group admission: the first server of every run
+// groups concurrent acquires into one statement (the default) and always lingers
+// (IDEMGATE_GROUP_LINGER=on, not the default, so that lingering is checked too), the second
+// decides each alone, so both paths race each other on one database in every history.
+func groupAdmission(i int) []string {
+	if i == 0 {
+		return []string{"IDEMGATE_GROUP_ADMISSION=true", "IDEMGATE_GROUP_LINGER=on"}
+	}
+	return []string{"IDEMGATE_GROUP_ADMISSION=false"}
 }
 
 // startProcs starts n processes with env in parallel.
@@ -263,7 +267,7 @@ func TestHistoryWithServerKilled(t *testing.T) {
 	dbURL, drop, err := modeltest.CreatePostgres()
 	require.NoError(t, err)
 	t.Cleanup(drop)
-	ps := startProcs(t, 2, func(i int) []string { return []string{"DATABASE_URL=" + dbURL, groupAdmission(i)} })
+	ps := startProcs(t, 2, func(i int) []string { return append([]string{"DATABASE_URL=" + dbURL}, groupAdmission(i)...) })
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "kill", faultDuration(t))
 	w.batches = false
@@ -322,7 +326,7 @@ func TestHistoryWithBackendsTerminated(t *testing.T) {
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
 	dbName := strings.TrimPrefix(u.Path, "/")
-	ps := startProcs(t, 2, func(i int) []string { return []string{"DATABASE_URL=" + dbURL, groupAdmission(i)} })
+	ps := startProcs(t, 2, func(i int) []string { return append([]string{"DATABASE_URL=" + dbURL}, groupAdmission(i)...) })
 
 	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
 	admin, err := pgx.Connect(actx, modeltest.AdminURL())
@@ -458,7 +462,7 @@ func TestHistoryWithDatabaseOutage(t *testing.T) {
 	ps := startProcs(t, 2, func(i int) []string {
 		pu := *u
 		pu.Host = pxs[i].l.Addr().String()
-		return []string{"DATABASE_URL=" + pu.String(), groupAdmission(i)}
+		return append([]string{"DATABASE_URL=" + pu.String()}, groupAdmission(i)...)
 	})
 
 	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "outage", faultDuration(t))

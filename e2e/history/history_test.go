@@ -111,7 +111,10 @@ func TestHistoryLinearizableTwoProcesses(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range urls {
 		wg.Add(1)
-		go func(i int) { defer wg.Done(); urls[i] = startServer(t, "DATABASE_URL="+dbURL, groupAdmission(i)) }(i)
+		go func(i int) {
+			defer wg.Done()
+			urls[i] = startServer(t, append([]string{"DATABASE_URL=" + dbURL}, groupAdmission(i)...)...)
+		}(i)
 	}
 	wg.Wait()
 	require.NotEmpty(t, urls[0])
