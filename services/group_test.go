@@ -718,11 +718,11 @@ func TestGrouperLingersOnlyForSmallBatches(t *testing.T) {
 	require.Len(t, f.batches[1], groupLingerTarget)
 }
 
-// TestGrouperAutoSkipsALingerAfterOneExpired: under LingerAuto, a linger that ended at its bound
-// with fewer than half of what it waited for (the callers answered did not come back in time)
-// makes the slot skip the next one: the batch that the expired linger let through is followed
-// by no linger, and the slot is given back.
-func TestGrouperAutoSkipsALingerAfterOneExpired(t *testing.T) {
+// autoLingeringAfter returns a LingerAuto grouper (batches of at most 8) lingering after a
+// batch of keys: one acquire went alone, keys queued behind it, were decided in one batch and
+// answered, and the slot's first linger has started, waiting for len(keys) acquires. ask sends
+// one more acquire without waiting for its answer.
+func autoLingeringAfter(keys []string) (*fakeStore, *grouper, *fakeLingerBound, func(key string)) {
 	f := &fakeStore{gate: make(chan struct{}), batchGate: make(chan struct{})}
 	g, lb := newLingeringGrouper(f)
 	g.linger.mode = LingerAuto
@@ -730,17 +730,26 @@ func TestGrouperAutoSkipsALingerAfterOneExpired(t *testing.T) {
 	ask := func(key string) { go g.acquire(bg, acquireArgs{in: AcquireInput{Key: key}}) }
 	ask("first")
 	f.await(func() int { return len(f.singles) }, 1)
-	for i, k := range []string{"a", "b", "c", "d", "e"} {
+	for i, k := range keys {
 		queued(g, i)
 		ask(k)
 	}
-	queued(g, 5)
+	queued(g, len(keys))
 	close(f.gate)
 	f.await(func() int { return len(f.batches) }, 1)
-	f.batchGate <- struct{}{} // a to e answered: the slot lingers for 5
-	lingeringFor(g, 5)
+	f.batchGate <- struct{}{}
+	lingeringFor(g, len(keys))
 	lb.started(1)
-	ask("f") // two of them come back, fewer than half
+	return f, g, lb, ask
+}
+
+// TestGrouperAutoSkipsALingerAfterOneExpired: under LingerAuto, a linger that ended at its bound
+// with fewer than half of what it waited for (the callers answered did not come back in time)
+// makes the slot skip the next one: the batch that the expired linger let through is followed
+// by no linger, and the slot is given back.
+func TestGrouperAutoSkipsALingerAfterOneExpired(t *testing.T) {
+	f, g, lb, ask := autoLingeringAfter([]string{"a", "b", "c", "d", "e"}) // lingers for 5
+	ask("f")                                                               // two of them come back, fewer than half
 	queued(g, 1)
 	ask("g")
 	queued(g, 2)
@@ -761,24 +770,8 @@ func TestGrouperAutoSkipsALingerAfterOneExpired(t *testing.T) {
 // such lingers (a fifth of them at 16 connections, most of the callers back) made the slot
 // skip lingers that paid: 13.3 acquires per statement instead of 15.7.
 func TestGrouperLingerThatGathersHalfPays(t *testing.T) {
-	f := &fakeStore{gate: make(chan struct{}), batchGate: make(chan struct{})}
-	g, lb := newLingeringGrouper(f)
-	g.linger.mode = LingerAuto
-	g.maxItems = 8
-	ask := func(key string) { go g.acquire(bg, acquireArgs{in: AcquireInput{Key: key}}) }
-	ask("first")
-	f.await(func() int { return len(f.singles) }, 1)
-	for i, k := range []string{"a", "b", "c", "d"} {
-		queued(g, i)
-		ask(k)
-	}
-	queued(g, 4)
-	close(f.gate)
-	f.await(func() int { return len(f.batches) }, 1)
-	f.batchGate <- struct{}{} // a to d answered: the slot lingers for 4
-	lingeringFor(g, 4)
-	lb.started(1)
-	ask("e") // two of four come back
+	f, g, lb, ask := autoLingeringAfter([]string{"a", "b", "c", "d"}) // lingers for 4
+	ask("e")                                                          // two of four come back
 	queued(g, 1)
 	ask("f")
 	queued(g, 2)
