@@ -748,8 +748,9 @@ func autoLingeringAfter(keys []string) (*fakeStore, *grouper, *fakeLingerBound, 
 // makes the slot skip the next one: the batch that the expired linger let through is followed
 // by no linger, and the slot is given back.
 func TestGrouperAutoSkipsALingerAfterOneExpired(t *testing.T) {
-	f, g, lb, ask := autoLingeringAfter([]string{"a", "b", "c", "d", "e"}) // lingers for 5
-	ask("f")                                                               // two of them come back, fewer than half
+	// The slot lingers for 5; two of them come back, fewer than half.
+	f, g, lb, ask := autoLingeringAfter([]string{"a", "b", "c", "d", "e"})
+	ask("f")
 	queued(g, 1)
 	ask("g")
 	queued(g, 2)
@@ -770,8 +771,9 @@ func TestGrouperAutoSkipsALingerAfterOneExpired(t *testing.T) {
 // such lingers (a fifth of them at 16 connections, most of the callers back) made the slot
 // skip lingers that paid: 13.3 acquires per statement instead of 15.7.
 func TestGrouperLingerThatGathersHalfPays(t *testing.T) {
-	f, g, lb, ask := autoLingeringAfter([]string{"a", "b", "c", "d"}) // lingers for 4
-	ask("e")                                                          // two of four come back
+	// The slot lingers for 4; two of them come back.
+	f, g, lb, ask := autoLingeringAfter([]string{"a", "b", "c", "d"})
+	ask("e")
 	queued(g, 1)
 	ask("f")
 	queued(g, 2)
