@@ -19,9 +19,10 @@ import (
 // 15.7 acquires instead of 7.7, and PostgreSQL's CPU per acquire fell by a third.
 //
 // Lingering pays only when the callers answered come back within about a statement's time, as
-// callers retrying or working through a queue back to back do; hence off by default. Callers that do other work between acquires,
-// or independent requests arriving at random, do not: each linger then ends at its bound, and
-// the acquires waiting were kept waiting for nothing. LingerAuto watches for that.
+// callers retrying or working through a queue back to back do; hence off by default. Callers
+// that do other work between acquires, or independent requests arriving at random, do not:
+// each linger then keeps the acquires already waiting waiting while those callers still
+// pause. LingerAuto watches for that, too loosely (see LingerAuto).
 type LingerMode int
 
 const (
