@@ -494,6 +494,8 @@ func TestHistoryWithDatabaseOutage(t *testing.T) {
 			px.setDown(true)
 		}
 		t.Logf("database cut")
+		// The outage's length, not a wait for anything; it ends even if the run does, so the
+		// database always comes back.
 		time.Sleep(2500 * time.Millisecond)
 		for _, px := range pxs {
 			px.setDown(false)
