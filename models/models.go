@@ -120,6 +120,11 @@ type Operation struct {
 	LeaseExpiresAt *time.Time
 	// OnExpiry is the key's policy once the TTL is over: "readmit" or "hold_until_reconciled".
 	OnExpiry string `gorm:"default:readmit"`
+	// PossibleDuplicateEffect is set when an earlier operation of the key (a lower fencing
+	// token) is succeeded or uncertain: this admission may have repeated an effect
+	// (docs/reference.md §5 "Audit"). Database triggers decide it at admission and keep it in
+	// step with the earlier operations' states (migration 00014); GORM only reads it.
+	PossibleDuplicateEffect bool `gorm:"->"`
 }
 
 // LeaseEnd returns the end of the operation's lease: LeaseExpiresAt, or ExpiresAt when it has

@@ -92,17 +92,16 @@ func (ds *Dashboard) OverviewFor(ctx context.Context, tenantID *int64, r Overvie
 	}
 	ov := &Overview{Now: now}
 
-	// Counting every operation is a scan of the tenant's operations (or of all of them); fine
-	// at dashboard request rates, and the uncertain count alone could use operations_uncertain.
+	// Kept counts (counters.go), not a count of the operations: a few rows per tenant.
 	var counts []struct {
 		State string
 		N     int64
 	}
-	q := tx.Model(&models.Operation{}).Select("state, COUNT(*) AS n").Group("state")
+	var args []any
 	if tenantID != nil {
-		q = q.Where("tenant_id = ?", *tenantID)
+		args = []any{*tenantID, *tenantID}
 	}
-	if err := q.Scan(&counts).Error; err != nil {
+	if err := tx.Raw(stateCountsSQL(tenantID != nil), args...).Scan(&counts).Error; err != nil {
 		return nil, storeError("overview", err)
 	}
 	byState := map[string]int64{}
@@ -135,26 +134,18 @@ func (ds *Dashboard) OverviewFor(ctx context.Context, tenantID *int64, r Overvie
 	for i := range ov.Hours {
 		ov.Hours[i].Start = first.Add(time.Duration(i) * width)
 	}
-	// Grouped by hour in SQL so at most 24×3 (168×3 over 7 days) rows come back however busy
-	// the range was; hours are folded into wider buckets below. The hour is
-	// formatted as text ("2006-01-02 15", UTC) because the two dialects truncate times
-	// differently. attempts has no index on attempted_at (only (tenant_id, id DESC) and
-	// (operation_id)), so this scans the tenant's attempts, or the whole table for a global
-	// account: acceptable for now at dashboard request rates; an (attempted_at) index is the
-	// fix if the table grows large.
-	hourExpr := ds.st.hourOf("attempted_at")
+	// Kept per-hour counts (counters.go): at most 24×3 rows (168×3 over 7 days) per tenant
+	// however busy the range was; hours are folded into wider buckets below.
 	var rows []struct {
 		Hour   string
 		Result string
 		N      int64
 	}
-	hq := tx.Model(&models.Attempt{}).Select(hourExpr+" AS hour, result, COUNT(*) AS n").
-		Where("attempted_at >= ? AND attempted_at < ?", first, first.Add(time.Duration(n)*width)).
-		Group("hour, result")
+	hargs := []any{hourKey(first), hourKey(first.Add(time.Duration(n) * width))}
 	if tenantID != nil {
-		hq = hq.Where("tenant_id = ?", *tenantID)
+		hargs = append(hargs, *tenantID)
 	}
-	if err := hq.Scan(&rows).Error; err != nil {
+	if err := tx.Raw(attemptHoursSQL(tenantID != nil), append(hargs, hargs...)...).Scan(&rows).Error; err != nil {
 		return nil, storeError("overview", err)
 	}
 	for _, r := range rows {
@@ -198,13 +189,12 @@ func ageAt(now, since time.Time) time.Duration {
 
 // NeedsReconciliationByTenant returns, for every tenant, the number of its operations in state
 // uncertain (docs/reference.md §3 "needs reconciliation"), zeros included, ordered by tenant name. It is
-// for metrics: one statement whose cost grows with the number of uncertain operations and of
-// tenants, not of all operations (it reads the partial index operations_uncertain). Errors:
-// ErrStoreUnavailable.
+// for metrics: one statement whose cost grows with the number of tenants only (kept counts,
+// migration 00014). Errors: ErrStoreUnavailable.
 //
-// The same statement reads each tenant's oldest uncertain_at (from the partial index
-// operations_uncertain_queue), so the oldest-uncertain gauge costs nothing extra; ages are
-// judged by the database clock.
+// The same statement reads each tenant's oldest uncertain_at (the first entry of the partial
+// index operations_uncertain_queue), so the oldest-uncertain gauge costs nothing extra; ages
+// are judged by the database clock.
 func (ds *Dashboard) NeedsReconciliationByTenant(ctx context.Context) ([]TenantCount, error) {
 	tx := ds.db.WithContext(ctx)
 	now, err := ds.db.Now(ctx, tx)
@@ -216,11 +206,17 @@ func (ds *Dashboard) NeedsReconciliationByTenant(ctx context.Context) ([]TenantC
 		Count  int64
 		Oldest dbTime
 	}
-	err = tx.Raw(`SELECT t.name AS tenant, COALESCE(u.n, 0) AS count, u.oldest AS oldest
+	// Per tenant: the kept count (counters.go) and the first entry of the queue's partial
+	// index (tenant_id, uncertain_at), so a scrape reads a few rows per tenant however many
+	// operations are uncertain.
+	err = tx.Raw(`SELECT t.name AS tenant,
+       COALESCE((SELECT SUM(n) FROM (
+           SELECT n FROM operation_state_counts c WHERE c.tenant_id = t.id AND c.state = ?
+           UNION ALL
+           SELECT n FROM operation_state_deltas d WHERE d.tenant_id = t.id AND d.state = ?) u), 0) AS count,
+       (SELECT MIN(o.uncertain_at) FROM operations o WHERE o.state = ? AND o.tenant_id = t.id) AS oldest
   FROM tenants t
-  LEFT JOIN (SELECT tenant_id, COUNT(*) AS n, MIN(uncertain_at) AS oldest FROM operations WHERE state = ? GROUP BY tenant_id) u
-    ON u.tenant_id = t.id
- ORDER BY t.name`, StateUncertain).Scan(&rows).Error
+ ORDER BY t.name`, StateUncertain, StateUncertain, StateUncertain).Scan(&rows).Error
 	if err != nil {
 		return nil, storeError("count operations needing reconciliation", err)
 	}

@@ -16,11 +16,17 @@ const DefaultRetention = 90 * 24 * time.Hour
 // or a transaction for long.
 const reapBatch = 500
 
+// purgeBatch is how many ended operations one purge transaction deletes with their evidence.
+// Each batch is one transaction, so a kill -9 leaves whole operations or none; larger batches
+// pay the per-transaction cost (the scan for candidates, five deletes, a commit) less often.
+const purgeBatch = 1000
+
 // Reaper expires holds and purges old evidence (docs/reference.md §3, §6). Several reapers (one per
 // server process) may run at once: every change is a compare-and-set, so they never undo each
 // other's or an acquire's work.
 type Reaper struct {
 	db        *models.DB
+	st        store
 	log       *slog.Logger
 	retention time.Duration
 	obs       Observer
@@ -39,7 +45,7 @@ func NewReaper(db *models.DB, log *slog.Logger, retention time.Duration) *Reaper
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{db: db, log: log, retention: retention, obs: nopObserver{}}
+	return &Reaper{db: db, st: newStore(db), log: log, retention: retention, obs: nopObserver{}}
 }
 
 // ReapResult counts what one reaper pass changed, in rows.
@@ -73,6 +79,9 @@ func (r *Reaper) RunOnce(ctx context.Context) (res ReapResult, err error) {
 	}
 	if err := r.purge(ctx, &res); err != nil {
 		return res, storeError("purge evidence", err)
+	}
+	if err := r.foldCounters(ctx); err != nil {
+		return res, storeError("fold counters", err)
 	}
 	return res, nil
 }
@@ -182,11 +191,13 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		var ids []string
 		scanCtx, cancel := r.db.Bounded(ctx)
 		db := r.db.WithContext(scanCtx)
-		// An operation that still holds its key (a failed one within its TTL) is kept.
+		// An operation that still holds its key (a failed one within its TTL) is kept. The
+		// candidates come off operations_ended, oldest first; the hold check is a probe of
+		// idem_keys_holder (migration 00014; before it, a scan of every key row per batch).
 		err := db.Model(&models.Operation{}).
 			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
 			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)").
-			Limit(reapBatch).Pluck("id", &ids).Error
+			Order("ended_at").Limit(purgeBatch).Pluck("id", &ids).Error
 		cancel()
 		if err != nil {
 			return err
@@ -223,7 +234,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		res.OperationsPurged += batch.OperationsPurged
 		res.AttemptsPurged += batch.AttemptsPurged
 		res.EventsPurged += batch.EventsPurged
-		if len(ids) < reapBatch {
+		if len(ids) < purgeBatch {
 			break
 		}
 	}
@@ -231,6 +242,18 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		s := db.Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
 		res.SessionsPurged = s.RowsAffected
 		return s.Error
+	})
+}
+
+// foldCounters folds the kept counters' deltas into their totals (counters.go), in one
+// transaction of its own.
+func (r *Reaper) foldCounters(ctx context.Context) error {
+	return r.db.Tx(ctx, func(tx *gorm.DB) error {
+		now, err := r.db.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		return r.st.foldCounters(tx, now)
 	})
 }
 

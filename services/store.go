@@ -37,6 +37,9 @@ type store interface {
 	// hourOf returns an SQL expression for the UTC hour of the timestamp column col as text
 	// "YYYY-MM-DD HH" (Go layout "2006-01-02 15"): the dialects truncate times differently.
 	hourOf(col string) string
+	// foldCounters adds the kept counters' deltas into their totals and drops attempt hours
+	// past attemptHoursKept, in tx (counters.go).
+	foldCounters(tx *gorm.DB, now time.Time) error
 }
 
 // newStore returns the store for db's dialect: the one place services asks which database it

@@ -41,6 +41,8 @@ func (s *pgStore) grouper(mode LingerMode) *grouper {
 	return g
 }
 
+func (s *pgStore) foldCounters(tx *gorm.DB, now time.Time) error { return foldCounters(tx, true, now) }
+
 func (s *pgStore) lock(q *gorm.DB) *gorm.DB { return q.Clauses(clause.Locking{Strength: "UPDATE"}) }
 
 func (*pgStore) hourOf(col string) string {

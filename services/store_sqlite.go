@@ -17,6 +17,10 @@ type sqliteStore struct {
 	db *models.DB
 }
 
+func (sqliteStore) foldCounters(tx *gorm.DB, now time.Time) error {
+	return foldCounters(tx, false, now)
+}
+
 func (sqliteStore) lock(q *gorm.DB) *gorm.DB { return q }
 
 // grouper gathers concurrent acquires into one immediate transaction: SQLite has one writer
