@@ -1,14 +1,17 @@
 package services
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
 )
 
 // Audit limits (docs/reference.md §5 "Audit").
@@ -30,6 +33,9 @@ type AuditFilter struct {
 	From   time.Time
 	To     time.Time
 	Tenant string
+	// FlaggedOnly keeps, in Report, only the groups with a possible duplicate effect admitted
+	// in the range (the page's "possible duplicate effects only"); the export ignores it.
+	FlaggedOnly bool
 }
 
 // AuditGroup is one audited (tenant, key): its duplicate and conflicting attempts in the
@@ -67,16 +73,6 @@ type Audit struct {
 
 // NewAudit returns an Audit over db.
 func NewAudit(db *models.DB) *Audit { return &Audit{reader{db: db, st: newStore(db)}} }
-
-// possibleDuplicateEffectOf is the SQL condition "operation <op> was admitted while an earlier
-// operation of its key was in a state that may duplicate its effect" (mayDuplicateEffect;
-// AuditGroup.PossibleDuplicateEffect), for an operation id column op. The unique index on
-// (key_id, fencing_token) serves the lookup.
-func possibleDuplicateEffectOf(op string) string {
-	return `EXISTS (SELECT 1 FROM operations pl JOIN operations pe
-	  ON pe.key_id = pl.key_id AND pe.fencing_token < pl.fencing_token
-	  WHERE pl.id = ` + op + ` AND pe.state IN ('` + strings.Join(duplicateEffectStates, "', '") + `'))`
-}
 
 // AuditReport is the Audit page: the resolved filter and the groups, most recent last attempt
 // first. Truncated is true when more than MaxAuditGroups groups matched and only the first
@@ -148,11 +144,24 @@ func (au *Audit) auditScope(ctx context.Context, tenantID *int64, name string) (
 	return &ts[0].ID, true, nil
 }
 
+// AuditScanCap bounds the audited attempts (and, separately, the flagged admissions) one Audit
+// page reads, newest first: the page's cost is bounded whatever the range holds. When a range
+// holds more, the report is Truncated and its counts cover the newest AuditScanCap of them; the
+// CSV export (Attempts) has no cap.
+const AuditScanCap = 20000
+
 // Report reports the duplicate and conflicting attempts in f's range, and the admissions in it
 // that were a possible duplicate effect, grouped by (tenant, key), for one tenant or every
-// tenant when tenantID is nil (docs/reference.md §5 "Audit"). At most
-// MaxAuditGroups groups, most recent last attempt first. Errors: ErrInvalidRequest (bad
-// range, see ResolveFilter), ErrStoreUnavailable.
+// tenant when tenantID is nil (docs/reference.md §5 "Audit"). At most MaxAuditGroups groups,
+// most recent last attempt first; with f.FlaggedOnly, only groups with a possible duplicate
+// effect admitted in the range. Errors: ErrInvalidRequest (bad range, see ResolveFilter),
+// ErrStoreUnavailable.
+//
+// It reads the newest AuditScanCap duplicate or conflicting attempts of the range along
+// attempts_audited and the newest AuditScanCap flagged admissions along operations_flagged
+// (migration 00014), then the page's keys: a bounded number of rows at any size. Before, it
+// grouped every attempt of the range and evaluated the possible-duplicate rule for each
+// admission, which answered 503 at a million keys.
 func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*AuditReport, error) {
 	f, err := au.ResolveFilter(ctx, f)
 	if err != nil {
@@ -166,56 +175,118 @@ func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*A
 		return rep, nil
 	}
 	tx := au.db.WithContext(ctx)
-	// Like the Overview, this scans the range's attempts without an attempted_at index.
-	// Admissions are few per key but many in all: each is checked with index lookups only.
-	q := tx.Table("attempts a").
-		Select("tenant_id, key, "+
-			"SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS duplicates, "+
-			"SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS conflicts, "+
-			"MIN(CASE WHEN result <> ? THEN attempted_at END) AS first_at, "+
-			"MAX(CASE WHEN result <> ? THEN attempted_at END) AS last_at, "+
-			"MIN(attempted_at) AS first_any, MAX(attempted_at) AS last_any, MAX(id) AS last_id",
-			ResultDuplicate, ResultConflict, ResultAdmitted, ResultAdmitted).
-		Where("(result IN ? OR (result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
-			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
-		Where("attempted_at >= ? AND attempted_at < ?", f.From, f.To).
-		Group("tenant_id, key").
-		Order("last_any DESC, tenant_id, key").
-		Limit(MaxAuditGroups + 1)
-	if scope != nil {
-		q = q.Where("tenant_id = ?", *scope)
+	type tk struct {
+		t int64
+		k string
 	}
-	var rows []struct {
+	type group struct {
+		AuditGroup
+		lastAny time.Time
+		lastID  int64
+	}
+	groups := map[tk]*group{}
+
+	dq := tx.Table("attempts").Select("tenant_id, key, result, attempted_at, id").
+		Where("result <> ? AND attempted_at >= ? AND attempted_at < ?", ResultAdmitted, f.From, f.To)
+	if scope != nil {
+		dq = dq.Where("tenant_id = ?", *scope)
+	}
+	dq = dq.Order("attempted_at DESC, id DESC").Limit(AuditScanCap)
+	var dups []struct {
 		TenantID   int64
 		Key        string
 		Duplicates int64
 		Conflicts  int64
 		FirstAt    dbTime
 		LastAt     dbTime
-		FirstAny   dbTime
-		LastAny    dbTime
 		LastID     int64
+		N          int64
 	}
-	if err := q.Scan(&rows).Error; err != nil {
+	if err := tx.Raw(`SELECT tenant_id, key,
+  SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS duplicates,
+  SUM(CASE WHEN result = ? THEN 1 ELSE 0 END) AS conflicts,
+  MIN(attempted_at) AS first_at, MAX(attempted_at) AS last_at, MAX(id) AS last_id, COUNT(*) AS n
+FROM (?) s GROUP BY tenant_id, key`, ResultDuplicate, ResultConflict, dq).Scan(&dups).Error; err != nil {
 		return nil, storeError("audit", err)
 	}
-	if len(rows) > MaxAuditGroups {
-		rows, rep.Truncated = rows[:MaxAuditGroups], true
+	var scanned int64
+	for _, d := range dups {
+		scanned += d.N
+		groups[tk{d.TenantID, d.Key}] = &group{
+			AuditGroup: AuditGroup{TenantID: d.TenantID, Key: d.Key, Duplicates: d.Duplicates, Conflicts: d.Conflicts,
+				FirstAt: d.FirstAt.T, LastAt: d.LastAt.T},
+			lastAny: d.LastAt.T, lastID: d.LastID,
+		}
 	}
-	if len(rows) == 0 {
+	rep.Truncated = scanned >= AuditScanCap
+
+	fq := tx.Table("operations").Select("tenant_id, key, acquired_at").
+		Where("possible_duplicate_effect AND acquired_at >= ? AND acquired_at < ?", f.From, f.To)
+	if scope != nil {
+		fq = fq.Where("tenant_id = ?", *scope)
+	}
+	var flaggedIn []struct {
+		TenantID   int64
+		Key        string
+		AcquiredAt dbTime
+	}
+	if err := fq.Order("acquired_at DESC").Limit(AuditScanCap).Scan(&flaggedIn).Error; err != nil {
+		return nil, storeError("audit", err)
+	}
+	if len(flaggedIn) >= AuditScanCap {
+		rep.Truncated = true
+	}
+	flaggedKeys := map[tk]bool{}
+	for _, fl := range flaggedIn {
+		k := tk{fl.TenantID, fl.Key}
+		flaggedKeys[k] = true
+		g, ok := groups[k]
+		if !ok {
+			// Audited only for its admissions: its times are theirs.
+			g = &group{AuditGroup: AuditGroup{TenantID: k.t, Key: k.k, FirstAt: fl.AcquiredAt.T, LastAt: fl.AcquiredAt.T}}
+			groups[k] = g
+		} else if g.Duplicates+g.Conflicts == 0 {
+			g.FirstAt = minTime(g.FirstAt, fl.AcquiredAt.T)
+			g.LastAt = maxTime(g.LastAt, fl.AcquiredAt.T)
+		}
+		g.lastAny = maxTime(g.lastAny, fl.AcquiredAt.T)
+	}
+	page := make([]*group, 0, len(groups))
+	for k, g := range groups {
+		if f.FlaggedOnly && !flaggedKeys[k] {
+			continue
+		}
+		page = append(page, g)
+	}
+	slices.SortFunc(page, func(a, b *group) int {
+		if c := b.lastAny.Compare(a.lastAny); c != 0 {
+			return c
+		}
+		if a.TenantID != b.TenantID {
+			return cmp.Compare(a.TenantID, b.TenantID)
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	if len(page) > MaxAuditGroups {
+		page, rep.Truncated = page[:MaxAuditGroups], true
+	}
+	if len(page) == 0 {
 		return rep, nil
 	}
+
 	tenantIDs, keys, lastIDs := []int64{}, []string{}, []int64{}
 	seenT, seenK := map[int64]bool{}, map[string]bool{}
-	for _, r := range rows {
-		lastIDs = append(lastIDs, r.LastID)
-		if !seenT[r.TenantID] {
-			seenT[r.TenantID] = true
-			tenantIDs = append(tenantIDs, r.TenantID)
+	for _, g := range page {
+		if g.lastID != 0 {
+			lastIDs = append(lastIDs, g.lastID)
 		}
-		if !seenK[r.Key] {
-			seenK[r.Key] = true
-			keys = append(keys, r.Key)
+		if !seenT[g.TenantID] {
+			seenT[g.TenantID] = true
+			tenantIDs = append(tenantIDs, g.TenantID)
+		}
+		if !seenK[g.Key] {
+			seenK[g.Key] = true
+			keys = append(keys, g.Key)
 		}
 	}
 	var ts []models.Tenant
@@ -226,8 +297,9 @@ func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*A
 	for _, t := range ts {
 		names[t.ID] = t.Name
 	}
-	// The flag rule of AuditGroup, for the whole page in one query. IN over tenants × keys may
-	// match pairs not on the page; those are simply not looked up.
+	// The flag of AuditGroup is over the key's whole stored history, not only the range: one
+	// query for the page, along the keys' unique index and operations_key_generation. IN over
+	// tenants × keys may match pairs not on the page; those are simply not looked up.
 	var flagged []struct {
 		TenantID     int64
 		Key          string
@@ -236,58 +308,67 @@ func (au *Audit) Report(ctx context.Context, tenantID *int64, f AuditFilter) (*A
 	}
 	if err := tx.Raw(`SELECT o.tenant_id, o.key, o.id, o.fencing_token FROM idem_keys k
 		JOIN operations o ON o.key_id = k.id
-		WHERE k.tenant_id IN ? AND k.key IN ? AND `+possibleDuplicateEffectOf("o.id"), tenantIDs, keys).
+		WHERE k.tenant_id IN ? AND k.key IN ? AND o.possible_duplicate_effect`, tenantIDs, keys).
 		Scan(&flagged).Error; err != nil {
 		return nil, storeError("audit", err)
 	}
-	type tk struct {
-		t int64
-		k string
-	}
 	newestFlagged, newestToken := map[tk]string{}, map[tk]int64{}
-	for _, f := range flagged {
-		if k := (tk{f.TenantID, f.Key}); f.FencingToken > newestToken[k] {
-			newestFlagged[k], newestToken[k] = f.ID, f.FencingToken
+	for _, fl := range flagged {
+		if k := (tk{fl.TenantID, fl.Key}); fl.FencingToken > newestToken[k] {
+			newestFlagged[k], newestToken[k] = fl.ID, fl.FencingToken
 		}
-	}
-	var last []models.Attempt
-	if err := tx.Select("id", "operation_id").Where("id IN ?", lastIDs).Find(&last).Error; err != nil {
-		return nil, storeError("audit", err)
 	}
 	lastOp := map[int64]string{}
-	for _, at := range last {
-		lastOp[at.ID] = deref(at.OperationID)
+	if len(lastIDs) > 0 {
+		var last []models.Attempt
+		if err := tx.Select("id", "operation_id").Where("id IN ?", lastIDs).Find(&last).Error; err != nil {
+			return nil, storeError("audit", err)
+		}
+		for _, at := range last {
+			lastOp[at.ID] = deref(at.OperationID)
+		}
 	}
-	for _, r := range rows {
-		g := AuditGroup{
-			TenantID: r.TenantID, TenantName: names[r.TenantID], Key: r.Key,
-			Duplicates: r.Duplicates, Conflicts: r.Conflicts, FirstAt: r.FirstAt.T, LastAt: r.LastAt.T,
-			OperationID: lastOp[r.LastID],
-		}
-		if g.FirstAt.IsZero() { // audited only for its admissions
-			g.FirstAt, g.LastAt = r.FirstAny.T, r.LastAny.T
-		}
-		if id, ok := newestFlagged[tk{r.TenantID, r.Key}]; ok {
+	for _, g := range page {
+		g.TenantName, g.OperationID = names[g.TenantID], lastOp[g.lastID]
+		if id, ok := newestFlagged[tk{g.TenantID, g.Key}]; ok {
 			g.PossibleDuplicateEffect, g.OperationID = true, id
 		}
-		rep.Groups = append(rep.Groups, g)
+		rep.Groups = append(rep.Groups, g.AuditGroup)
 	}
 	return rep, nil
 }
 
-// AuditExportBatch is how many rows Attempts reads with one query.
-const AuditExportBatch = 500
+func minTime(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
+}
 
-// Attempts calls fn with every audited attempt in f's range (see AuditRow: duplicates,
-// conflicts, and admissions that were a possible duplicate effect), in the order they were
-// logged (attempt id; oldest first, up to attempts logged concurrently), for one tenant or
-// every tenant when tenantID is nil. Rows are read AuditExportBatch at a time, each batch by
-// its own short query bounded by batchTimeout (0: only ctx bounds it), and fn sees a batch's
-// rows only after its connection went back to the pool: fn may block on a slow client for as
-// long as it likes without holding a database connection, so slow downloads cannot starve
-// admission, and an export of any size runs in constant memory. Attempts logged while the
-// export runs may or may not be in it. An error from fn stops the export and is returned as
-// is. Errors: ErrInvalidRequest (bad range), ErrStoreUnavailable.
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// AuditExportBatch is how many rows Attempts reads with one query, from each of its two
+// sources.
+const AuditExportBatch = 2000
+
+// Attempts calls fn with every audited attempt in f's range (see AuditRow): the duplicate and
+// conflicting attempts made in the range, and the admitted attempts of the operations admitted
+// in the range that were a possible duplicate effect (an attempt_id retry of such an admission
+// is listed with it, whenever it came). Rows come oldest first: the two sources, each read in
+// time order along its index (attempts_audited, operations_flagged), are merged by time. The
+// export is for one tenant or every tenant when tenantID is nil. Rows are read
+// AuditExportBatch at a time, each batch by its own short query bounded by batchTimeout (0:
+// only ctx bounds it), and fn sees a batch's rows only after its connection went back to the
+// pool: fn may block on a slow client for as long as it likes without holding a database
+// connection, so slow downloads cannot starve admission, and an export of any size runs in
+// constant memory. Attempts logged while the export runs may or may not be in it. An error
+// from fn stops the export and is returned as is. Errors: ErrInvalidRequest (bad range),
+// ErrStoreUnavailable.
 func (au *Audit) Attempts(ctx context.Context, tenantID *int64, f AuditFilter, batchTimeout time.Duration, fn func(AuditRow) error) error {
 	f, err := au.ResolveFilter(ctx, f)
 	if err != nil {
@@ -301,65 +382,165 @@ func (au *Audit) Attempts(ctx context.Context, tenantID *int64, f AuditFilter, b
 	} else if !ok {
 		return nil
 	}
-	var after int64
+	dups := &exportSource{next: func(after exportCursor) ([]exportRow, error) {
+		return au.exportDuplicates(ctx, batchTimeout, scope, f, after)
+	}}
+	adms := &exportSource{next: func(after exportCursor) ([]exportRow, error) {
+		return au.exportFlaggedAdmissions(ctx, batchTimeout, scope, f, after)
+	}}
 	for {
-		batch, last, err := au.auditAttemptsBatch(ctx, batchTimeout, scope, f, after)
-		if err != nil {
-			return storeError("audit export", err)
+		for _, s := range []*exportSource{dups, adms} {
+			if err := s.fill(); err != nil {
+				return storeError("audit export", err)
+			}
 		}
-		for _, r := range batch {
-			if err := fn(r); err != nil {
+		if len(dups.buf) == 0 && len(adms.buf) == 0 {
+			return nil
+		}
+		// Emit while both sources have rows buffered (or one is exhausted): each emitted row
+		// is then the oldest not yet emitted.
+		for (len(dups.buf) > 0 || dups.done) && (len(adms.buf) > 0 || adms.done) {
+			var r exportRow
+			switch {
+			case len(dups.buf) == 0 && len(adms.buf) == 0:
+				return nil
+			case len(adms.buf) == 0 || (len(dups.buf) > 0 && !adms.buf[0].cur.before(dups.buf[0].cur)):
+				r, dups.buf = dups.buf[0], dups.buf[1:]
+			default:
+				r, adms.buf = adms.buf[0], adms.buf[1:]
+			}
+			if err := fn(r.row); err != nil {
 				return err
 			}
 		}
-		if len(batch) < AuditExportBatch {
-			return nil
-		}
-		after = last
 	}
 }
 
-// auditAttemptsBatch reads the next AuditExportBatch attempts of the export with an id above
-// after, and returns them with the last one's id. Keyset paging on the primary key: each batch
-// continues the index walk where the previous one stopped, so the export reads the table once.
-func (au *Audit) auditAttemptsBatch(ctx context.Context, timeout time.Duration, scope *int64, f AuditFilter, after int64) ([]AuditRow, int64, error) {
+// exportCursor is the keyset position of an export source: its sort time, then the row's ids.
+type exportCursor struct {
+	at  time.Time
+	id  string // the operation id, for flagged admissions ("" for duplicates)
+	seq int64  // the attempt id
+}
+
+func (c exportCursor) before(d exportCursor) bool {
+	if !c.at.Equal(d.at) {
+		return c.at.Before(d.at)
+	}
+	if c.id != d.id {
+		return c.id < d.id
+	}
+	return c.seq < d.seq
+}
+
+type exportRow struct {
+	row AuditRow
+	cur exportCursor
+}
+
+// exportSource is one of the export's two ordered streams: a buffer refilled a batch at a time
+// from where the last batch ended.
+type exportSource struct {
+	next  func(after exportCursor) ([]exportRow, error)
+	buf   []exportRow
+	after exportCursor
+	done  bool
+}
+
+func (s *exportSource) fill() error {
+	if len(s.buf) > 0 || s.done {
+		return nil
+	}
+	rows, err := s.next(s.after)
+	if err != nil {
+		return err
+	}
+	s.buf = rows
+	if len(rows) < AuditExportBatch {
+		s.done = true
+	}
+	if len(rows) > 0 {
+		s.after = rows[len(rows)-1].cur
+	}
+	return nil
+}
+
+// exportDuplicates reads the next AuditExportBatch duplicate or conflicting attempts of the
+// range after the cursor, along attempts_audited (attempted_at, id).
+func (au *Audit) exportDuplicates(ctx context.Context, timeout time.Duration, scope *int64, f AuditFilter, after exportCursor) ([]exportRow, error) {
 	ctx, cancel := withTimeout(ctx, timeout)
 	defer cancel()
 	q := au.db.WithContext(ctx).Table("attempts a").
 		Select("a.id, t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
-			"CASE WHEN "+possibleDuplicateEffectOf("a.operation_id")+" THEN 1 ELSE 0 END AS pde").
+			"CASE WHEN o.possible_duplicate_effect THEN 1 ELSE 0 END AS pde").
 		Joins("JOIN tenants t ON t.id = a.tenant_id").
-		Where("a.id > ?", after).
-		Where("(a.result IN ? OR (a.result = ? AND "+possibleDuplicateEffectOf("a.operation_id")+"))",
-			[]string{ResultDuplicate, ResultConflict}, ResultAdmitted).
-		Where("a.attempted_at >= ? AND a.attempted_at < ?", f.From, f.To).
-		Order("a.id").
-		Limit(AuditExportBatch)
+		Joins("LEFT JOIN operations o ON o.id = a.operation_id").
+		Where("a.result <> ? AND a.attempted_at >= ? AND a.attempted_at < ?", ResultAdmitted, f.From, f.To)
+	if !after.at.IsZero() {
+		q = q.Where("a.attempted_at >= ? AND (a.attempted_at > ? OR a.id > ?)", after.at, after.at, after.seq)
+	}
 	if scope != nil {
 		q = q.Where("a.tenant_id = ?", *scope)
 	}
+	return scanExportRows(q.Order("a.attempted_at, a.id").Limit(AuditExportBatch), false)
+}
+
+// exportFlaggedAdmissions reads the next AuditExportBatch admitted attempts of flagged
+// operations admitted in the range after the cursor, along operations_flagged (acquired_at),
+// then each operation's attempts (attempts_operation).
+func (au *Audit) exportFlaggedAdmissions(ctx context.Context, timeout time.Duration, scope *int64, f AuditFilter, after exportCursor) ([]exportRow, error) {
+	ctx, cancel := withTimeout(ctx, timeout)
+	defer cancel()
+	q := au.db.WithContext(ctx).Table("operations o").
+		Select("a.id, t.name, a.key, a.attempted_at, a.result, a.operation_id, a.attempt_id, a.caller, a.fingerprint, a.correlation_id, "+
+			"1 AS pde, o.acquired_at, o.id").
+		Joins("JOIN attempts a ON a.operation_id = o.id AND a.result = ?", ResultAdmitted).
+		Joins("JOIN tenants t ON t.id = o.tenant_id").
+		Where("o.possible_duplicate_effect AND o.acquired_at >= ? AND o.acquired_at < ?", f.From, f.To)
+	if !after.at.IsZero() {
+		q = q.Where("o.acquired_at >= ? AND (o.acquired_at > ? OR o.id > ? OR (o.id = ? AND a.id > ?))",
+			after.at, after.at, after.id, after.id, after.seq)
+	}
+	if scope != nil {
+		q = q.Where("o.tenant_id = ?", *scope)
+	}
+	return scanExportRows(q.Order("o.acquired_at, o.id, a.id").Limit(AuditExportBatch), true)
+}
+
+// scanExportRows runs q and reads its rows; withOp says the query also returns the
+// operation's acquired_at and id, the flagged source's cursor.
+func scanExportRows(q *gorm.DB, withOp bool) ([]exportRow, error) {
 	rows, err := q.Rows()
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	defer rows.Close()
-	out := make([]AuditRow, 0, AuditExportBatch)
-	var last int64
+	out := make([]exportRow, 0, AuditExportBatch)
 	for rows.Next() {
 		var (
 			r                     AuditRow
-			at                    dbTime
+			id                    int64
+			at, opAt              dbTime
 			opID, attID, fp, corr sql.NullString
 			pde                   int64
+			curOp                 string
 		)
-		if err := rows.Scan(&last, &r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr, &pde); err != nil {
-			return nil, 0, err
+		dest := []any{&id, &r.TenantName, &r.Key, &at, &r.Result, &opID, &attID, &r.Caller, &fp, &corr, &pde}
+		if withOp {
+			dest = append(dest, &opAt, &curOp)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
 		}
 		r.PossibleDuplicateEffect = pde == 1
 		r.AttemptedAt, r.OperationID, r.AttemptID, r.Fingerprint, r.CorrelationID = at.T, opID.String, attID.String, fp.String, corr.String
-		out = append(out, r)
+		cur := exportCursor{at: at.T, seq: id}
+		if withOp {
+			cur = exportCursor{at: opAt.T, id: curOp, seq: id}
+		}
+		out = append(out, exportRow{row: r, cur: cur})
 	}
-	return out, last, rows.Err()
+	return out, rows.Err()
 }
 
 // withTimeout is ctx with a deadline d from now, or ctx itself when d is 0.

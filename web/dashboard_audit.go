@@ -185,6 +185,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
+		f.FlaggedOnly = q.Flagged
 		rep, err := s.audit.Report(c.UserContext(), op.TenantID, f)
 		if msg, ok := auditProblem(err); ok {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, msg)
@@ -213,6 +214,7 @@ func handleAuditPage(s *Server) fiber.Handler {
 			Rows:      make([]views.AuditRowView, 0, len(rep.Groups)),
 			Truncated: rep.Truncated,
 			Cap:       strconv.Itoa(services.MaxAuditGroups),
+			ScanCap:   humanize.Comma(services.AuditScanCap),
 			CSVURL:    csvURL,
 		}
 		if props.ShowTenant {
