@@ -173,10 +173,6 @@ CREATE TRIGGER operations_reflag_later AFTER UPDATE OF state ON operations
 CREATE INDEX attempts_audited ON attempts (attempted_at, id) WHERE result <> 'admitted';
 -- The audit's flagged admissions in a time range.
 CREATE INDEX operations_flagged ON operations (acquired_at) WHERE possible_duplicate_effect;
--- The keys list filtered by a state other than succeeded (about 9 in 10 operations end
--- succeeded, and for that state walking the newest keys finds matches at once): the newest
--- operations in that state, in the keys list's order (acquired_at, key id).
-CREATE INDEX operations_state_recent ON operations (state, acquired_at, key_id) WHERE state <> 'succeeded';
 -- The purge's "does a key still hold this operation" (it was a scan of every key row per batch).
 CREATE INDEX idem_keys_holder ON idem_keys (holder_operation_id) WHERE holder_operation_id IS NOT NULL;
 -- The purge's finished deliveries of the purged operations (it was a scan of the outbox).
@@ -191,7 +187,6 @@ ALTER TABLE idem_keys ALTER COLUMN key TYPE text COLLATE "C";
 ALTER TABLE idem_keys ALTER COLUMN key TYPE text COLLATE "default";
 DROP INDEX webhook_events_operation;
 DROP INDEX idem_keys_holder;
-DROP INDEX operations_state_recent;
 DROP INDEX operations_flagged;
 DROP INDEX attempts_audited;
 DROP TRIGGER operations_reflag_later ON operations;

@@ -107,7 +107,6 @@ END;
 
 CREATE INDEX attempts_audited ON attempts (attempted_at, id) WHERE result <> 'admitted';
 CREATE INDEX operations_flagged ON operations (acquired_at) WHERE possible_duplicate_effect;
-CREATE INDEX operations_state_recent ON operations (state, acquired_at, key_id) WHERE state <> 'succeeded';
 CREATE INDEX idem_keys_holder ON idem_keys (holder_operation_id) WHERE holder_operation_id IS NOT NULL;
 CREATE INDEX webhook_events_operation ON webhook_events (operation_id);
 -- SQLite compares text byte by byte (BINARY) already: a prefix is a range of the unique
@@ -116,7 +115,6 @@ CREATE INDEX webhook_events_operation ON webhook_events (operation_id);
 -- +goose Down
 DROP INDEX webhook_events_operation;
 DROP INDEX idem_keys_holder;
-DROP INDEX operations_state_recent;
 DROP INDEX operations_flagged;
 DROP INDEX attempts_audited;
 DROP TRIGGER operations_reflag_later;
