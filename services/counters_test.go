@@ -113,27 +113,23 @@ func flagOf(t *testing.T, b *testBundle, id string) bool {
 	return flag
 }
 
+// countedStates counts the tenant's operations by state; keptStates reads the kept counts.
 func countedStates(t *testing.T, b *testBundle) map[string]int64 {
-	t.Helper()
-	var rows []struct {
-		State string
-		N     int64
-	}
-	require.NoError(t, b.db.Raw("SELECT state, COUNT(*) AS n FROM operations WHERE tenant_id = ? GROUP BY state", b.p.TenantID).Scan(&rows).Error)
-	out := map[string]int64{}
-	for _, r := range rows {
-		out[r.State] = r.N
-	}
-	return out
+	return stateCounts(t, b, "SELECT state, COUNT(*) AS n FROM operations WHERE tenant_id = ? GROUP BY state", b.p.TenantID)
 }
 
 func keptStates(t *testing.T, b *testBundle) map[string]int64 {
+	return stateCounts(t, b, stateCountsSQL(true), b.p.TenantID, b.p.TenantID)
+}
+
+// stateCounts runs a query of (state, n) rows; states whose n is 0 are left out.
+func stateCounts(t *testing.T, b *testBundle, sql string, args ...any) map[string]int64 {
 	t.Helper()
 	var rows []struct {
 		State string
 		N     int64
 	}
-	require.NoError(t, b.db.Raw(stateCountsSQL(true), b.p.TenantID, b.p.TenantID).Scan(&rows).Error)
+	require.NoError(t, b.db.Raw(sql, args...).Scan(&rows).Error)
 	out := map[string]int64{}
 	for _, r := range rows {
 		if r.N != 0 {
@@ -143,36 +139,27 @@ func keptStates(t *testing.T, b *testBundle) map[string]int64 {
 	return out
 }
 
+// countedHours counts the tenant's attempts by hour and result; keptHours reads the kept hours.
 func countedHours(t *testing.T, b *testBundle) []string {
-	t.Helper()
-	var rows []struct {
-		Hour   string
-		Result string
-		N      int64
-	}
-	st := newStore(b.db)
-	require.NoError(t, b.db.Raw("SELECT "+st.hourOf("attempted_at")+" AS hour, result, COUNT(*) AS n FROM attempts WHERE tenant_id = ? GROUP BY 1, 2",
-		b.p.TenantID).Scan(&rows).Error)
-	return hourRows(rows)
+	return hourCounts(t, b, "SELECT "+newStore(b.db).hourOf("attempted_at")+" AS hour, result, COUNT(*) AS n FROM attempts WHERE tenant_id = ? GROUP BY 1, 2",
+		b.p.TenantID)
 }
 
 func keptHours(t *testing.T, b *testBundle) []string {
+	args := []any{"0000", "9999", b.p.TenantID}
+	return hourCounts(t, b, attemptHoursSQL(true), append(args, args...)...)
+}
+
+// hourCounts runs a query of (hour, result, n) rows and returns them as sorted "hour result n"
+// lines, leaving out those whose n is 0.
+func hourCounts(t *testing.T, b *testBundle, sql string, args ...any) []string {
 	t.Helper()
 	var rows []struct {
 		Hour   string
 		Result string
 		N      int64
 	}
-	args := []any{"0000", "9999", b.p.TenantID}
-	require.NoError(t, b.db.Raw(attemptHoursSQL(true), append(args, args...)...).Scan(&rows).Error)
-	return hourRows(rows)
-}
-
-func hourRows(rows []struct {
-	Hour   string
-	Result string
-	N      int64
-}) []string {
+	require.NoError(t, b.db.Raw(sql, args...).Scan(&rows).Error)
 	var out []string
 	for _, r := range rows {
 		if r.N != 0 {
