@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -190,12 +191,10 @@ func (r *reader) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*K
 	if f.KeyPrefix != "" && (len(f.KeyPrefix) > MaxKeyBytes || !utf8.ValidString(f.KeyPrefix)) {
 		fe = append(fe, FieldError{Field: "prefix", Message: fmt.Sprintf("must be at most %d bytes of UTF-8", MaxKeyBytes)})
 	}
-	curAt, curID, err := decodeCursor(f.Cursor)
-	if err != nil {
+	if _, _, err := decodeCursor(f.Cursor); err != nil {
 		fe = append(fe, FieldError{Field: "cursor", Message: "is not a cursor returned by this endpoint"})
 	}
-	bAt, bID, err := decodeCursor(f.Before)
-	if err != nil {
+	if _, _, err := decodeCursor(f.Before); err != nil {
 		fe = append(fe, FieldError{Field: "before", Message: "is not a cursor returned by this endpoint"})
 	} else if f.Before != "" && f.Cursor != "" {
 		fe = append(fe, FieldError{Field: "before", Message: "cannot be combined with cursor"})
@@ -208,23 +207,8 @@ func (r *reader) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*K
 	if err != nil {
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
-	q := keyFilterQuery(tx, tenantID, f, now)
-	if f.Cursor != "" {
-		// A row comparison, not "a < x OR (a = x AND id < y)": PostgreSQL turns it into one index
-		// range on (acquired_at DESC, id DESC). Measured at 1,000,000 keys, a page deep in the
-		// list: 0.3 ms instead of 253 ms.
-		q = q.Where("(idem_keys.acquired_at, idem_keys.id) < (?, ?)", curAt, curID)
-	}
-	order := "idem_keys.acquired_at DESC, idem_keys.id DESC"
-	if f.Before != "" {
-		// Backwards: the keys just newer than the cursor, read in ascending order along the
-		// same index (walked the other way) and turned round below.
-		q = q.Where("(idem_keys.acquired_at, idem_keys.id) > (?, ?)", bAt, bID)
-		order = "idem_keys.acquired_at, idem_keys.id"
-	}
 	var ks []models.IdemKey
-	if err := q.Select("idem_keys.*").Order(order).
-		Limit(f.Limit + 1).Find(&ks).Error; err != nil {
+	if err := keyPageQuery(tx, tenantID, f, now).Find(&ks).Error; err != nil {
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
 	page := &KeyPage{}
@@ -371,33 +355,112 @@ func (rd *Reads) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilt
 	return page, nil
 }
 
-// keyFilterQuery is the keys list's WHERE clause for f (not its cursors) over one tenant, or
-// every tenant when tenantID is nil; now is the database time "expiring soon" is judged at.
-func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) *gorm.DB {
-	q := tx.Model(&models.IdemKey{})
-	if tenantID != nil {
-		q = q.Where("idem_keys.tenant_id = ?", *tenantID)
+// keyFilterQuery is the keys list's FROM and WHERE for f (not its cursors) over one tenant, or
+// every tenant when tenantID is nil; now is the database time "expiring soon" is judged at. It
+// returns the query and the two columns, equal to idem_keys.acquired_at and idem_keys.id, that
+// its order and cursors must use so the walk follows an index (docs/reference.md §4):
+//   - no state filter, or state succeeded (most keys): idem_keys newest first along
+//     idem_keys_tenant_acquired, the newest operation joined by primary key for the state and
+//     operation filters; a filter most keys pass finds a page within a few dozen rows.
+//   - any other state (rare at size: live holds, failed, uncertain, released): operations
+//     newest first along operations_listed, a partial index of exactly those states, joined to
+//     their key row. A key's newest operation is the one with the key's fencing token, and it
+//     was admitted at the key's acquired_at, so (o.acquired_at, o.key_id) orders and pages
+//     exactly like (idem_keys.acquired_at, idem_keys.id). The join compares fencing tokens
+//     rather than operation ids on purpose: PostgreSQL estimates an id match as one row in
+//     millions and then hash-joins every key; a token match it estimates as likely, and walks.
+func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q *gorm.DB, atCol, idCol string) {
+	if f.State != "" && f.State != StateSucceeded {
+		q = tx.Table("operations AS o").
+			Joins("JOIN idem_keys ON idem_keys.id = o.key_id AND idem_keys.fencing_token = o.fencing_token").
+			Where("o.state = ?", f.State)
+		if tenantID != nil {
+			q = q.Where("o.tenant_id = ?", *tenantID)
+		}
+		atCol, idCol = "o.acquired_at", "o.key_id"
+	} else {
+		q = tx.Model(&models.IdemKey{})
+		if tenantID != nil {
+			q = q.Where("idem_keys.tenant_id = ?", *tenantID)
+		}
+		if f.State != "" || f.Operation != "" {
+			q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
+			if f.State != "" {
+				q = q.Where("o.state = ?", f.State)
+			}
+		}
+		atCol, idCol = "idem_keys.acquired_at", "idem_keys.id"
 	}
-	if f.State != "" || f.Operation != "" {
-		q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
-		if f.State != "" {
-			q = q.Where("o.state = ?", f.State)
-		}
-		if f.Operation != "" {
-			q = q.Where("o.operation_name = ?", f.Operation)
-		}
+	if f.Operation != "" {
+		q = q.Where("o.operation_name = ?", f.Operation)
 	}
 	if f.KeyPrefix != "" {
-		// An exact comparison of the leading characters: collation-proof, and keys are compared
-		// byte-exact everywhere else. It filters along the newest-first index walk rather than
-		// seeking, which is fine for a dashboard search; say so before relying on it at scale.
-		q = q.Where("substr(idem_keys.key, 1, ?) = ?", utf8.RuneCountInString(f.KeyPrefix), f.KeyPrefix)
+		// A range on the (tenant_id, key) index. Keys compare byte by byte on both databases
+		// (PostgreSQL: COLLATE "C" since migration 00014; SQLite: BINARY), and UTF-8's byte order
+		// is code point order, so [prefix, prefixEnd(prefix)) holds exactly the keys that start
+		// with prefix. Over every tenant, the range is read tenant by tenant: PostgreSQL is
+		// given the tenants as an array, which it reads as one index scan over all their
+		// ranges whatever the tables' statistics say; an IN (subquery) it may turn into a join
+		// that reads every key when the tenants table looks large.
+		if tenantID == nil {
+			if tx.Dialector.Name() == "postgres" {
+				q = q.Where("idem_keys.tenant_id = ANY(ARRAY(SELECT id FROM tenants))")
+			} else {
+				q = q.Where("idem_keys.tenant_id IN (SELECT id FROM tenants)")
+			}
+		}
+		q = q.Where("idem_keys.key >= ?", f.KeyPrefix)
+		if end, ok := prefixEnd(f.KeyPrefix); ok {
+			q = q.Where("idem_keys.key < ?", end)
+		}
 	}
 	if f.ExpiringWithin > 0 {
 		q = q.Where("idem_keys.holder_operation_id IS NOT NULL AND idem_keys.expires_at > ? AND idem_keys.expires_at <= ?",
 			now, now.Add(f.ExpiringWithin))
 	}
-	return q
+	return q, atCol, idCol
+}
+
+// keyPageQuery is the statement listKeys runs for f, cursors decoded: at most f.Limit+1 key
+// rows in page order (ascending for f.Before, turned round by the caller). f has been
+// validated. The plan tests EXPLAIN this very statement.
+func keyPageQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) *gorm.DB {
+	q, atCol, idCol := keyFilterQuery(tx, tenantID, f, now)
+	if f.Cursor != "" {
+		// A row comparison, not "a < x OR (a = x AND id < y)": PostgreSQL turns it into one index
+		// range on (acquired_at DESC, id DESC). Measured at 1,000,000 keys, a page deep in the
+		// list: 0.3 ms instead of 253 ms.
+		at, id, _ := decodeCursor(f.Cursor)
+		q = q.Where("("+atCol+", "+idCol+") < (?, ?)", at, id)
+	}
+	order := atCol + " DESC, " + idCol + " DESC"
+	if f.Before != "" {
+		// Backwards: the keys just newer than the cursor, read in ascending order along the
+		// same index (walked the other way).
+		at, id, _ := decodeCursor(f.Before)
+		q = q.Where("("+atCol+", "+idCol+") > (?, ?)", at, id)
+		order = atCol + ", " + idCol
+	}
+	return q.Select("idem_keys.*").Order(order).Limit(f.Limit + 1)
+}
+
+// prefixEnd returns the least string greater than every string that starts with p, in code
+// point order: p with its last code point incremented, after dropping trailing U+10FFFF (which
+// cannot be incremented) and stepping over the surrogates (which UTF-8 cannot hold). ok is
+// false when p is empty or all U+10FFFF: then nothing bounds the range from above.
+func prefixEnd(p string) (end string, ok bool) {
+	rs := []rune(p)
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i] == unicode.MaxRune {
+			continue
+		}
+		rs[i]++
+		if rs[i] == 0xD800 {
+			rs[i] = 0xE000
+		}
+		return string(rs[:i+1]), true
+	}
+	return "", false
 }
 
 // Cursors are opaque to clients: base64url of "<unix nanoseconds>.<row id>".
