@@ -19,7 +19,15 @@ const reapBatch = 500
 // purgeBatch is how many ended operations one purge transaction deletes with their evidence.
 // Each batch is one transaction, so a kill -9 leaves whole operations or none; larger batches
 // pay the per-transaction cost (the scan for candidates, five deletes, a commit) less often.
-const purgeBatch = 1000
+// On SQLite a batch holds the only write lock, which every acquire waits for: the batch is a
+// tenth, so an acquire arriving mid-purge waits for about 10 ms rather than 100 (make scale
+// DB=sqlite: acquires' p99 beside the purge was 37 times their p99 without it at 1,000).
+func purgeBatch(d models.Dialect) int {
+	if d == models.SQLite {
+		return 100
+	}
+	return 1000
+}
 
 // Reaper expires holds and purges old evidence (docs/reference.md §3, §6). Several reapers (one per
 // server process) may run at once: every change is a compare-and-set, so they never undo each
@@ -187,6 +195,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		return err
 	}
 	cutoff := now.Add(-r.retention)
+	batchSize := purgeBatch(r.db.Dialect)
 	for {
 		var ids []string
 		scanCtx, cancel := r.db.Bounded(ctx)
@@ -197,7 +206,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		err := db.Model(&models.Operation{}).
 			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
 			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)").
-			Order("ended_at").Limit(purgeBatch).Pluck("id", &ids).Error
+			Order("ended_at").Limit(batchSize).Pluck("id", &ids).Error
 		cancel()
 		if err != nil {
 			return err
@@ -234,7 +243,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		res.OperationsPurged += batch.OperationsPurged
 		res.AttemptsPurged += batch.AttemptsPurged
 		res.EventsPurged += batch.EventsPurged
-		if len(ids) < purgeBatch {
+		if len(ids) < batchSize {
 			break
 		}
 	}
