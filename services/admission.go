@@ -226,6 +226,9 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	if err != nil {
 		return nil, storeError("acquire", err)
 	}
+	if err := a.previousOnRetry(ctx, []*decision{&d}); err != nil {
+		return nil, storeError("acquire", err)
+	}
 	return a.answer(ctx, p, in, d, owner)
 }
 
@@ -254,11 +257,25 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 	args := make([]acquireArgs, 0, len(items))
 	idx := make([]int, 0, len(items))
 	owners := make([]string, 0, len(items))
+	type retry struct{ key, attemptID string }
+	seen := map[retry]bool{}
 	for i, in := range items {
 		meta, err := in.validate(a.maxTTL)
 		if err != nil {
 			out[i].Err = err
 			continue
+		}
+		if in.AttemptID != nil {
+			// docs/reference.md §9: a key and attempt_id the batch already carried is not a
+			// retry of a lost answer (the answer is in this very response) but a repeat; as a
+			// retry it would take a second owner token, killing the first item's, and tell the
+			// caller twice to run the effect. Decided, and logged, as the same request without
+			// an attempt_id: a duplicate naming the first item's operation.
+			r := retry{in.Key, *in.AttemptID}
+			if seen[r] {
+				in.AttemptID = nil
+			}
+			seen[r] = true
 		}
 		owner := newSecret(ownerTokenPrefix)
 		args = append(args, acquireArgs{p: p, in: in, meta: meta, opID: newOperationID(), ownerHash: hashSecret(owner)})
@@ -272,11 +289,62 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 	if err != nil {
 		return nil, storeError("acquire batch", err)
 	}
+	retried := make([]*decision, len(ds))
+	for j := range ds {
+		retried[j] = &ds[j]
+	}
+	if err := a.previousOnRetry(ctx, retried); err != nil {
+		return nil, storeError("acquire batch", err)
+	}
 	for j, d := range ds {
 		i := idx[j]
 		out[i].Acquisition, out[i].Err = a.answer(ctx, p, items[i], d, owners[j])
 	}
 	return out, nil
+}
+
+// previousOnRetry fills in previous_operation for the attempt_id retries among ds
+// (readmitted): the store names the previous generation only when it takes a key over, and a
+// retry must carry the warning its first answer carried (docs/reference.md §4; issue 28). The
+// previous generation is the key's operation one fencing token below, as it is now: if it has
+// been reconciled since the first answer, the warning follows its new state. The purge keeps
+// it while its successor holds the key (Reaper.purge), so a retry always finds it. One query
+// for all of ds, and none when there is no retry among them.
+func (a *Admission) previousOnRetry(ctx context.Context, ds []*decision) error {
+	var ids []string
+	byID := map[string]*decision{}
+	for _, d := range ds {
+		if d.readmitted && d.prev == nil {
+			ids = append(ids, d.op.ID)
+			byID[d.op.ID] = d
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	var rows []struct {
+		NextID         string
+		ID             string
+		State          string
+		FencingToken   int64
+		OutcomeStatus  *string
+		OutcomeReceipt *string
+	}
+	qctx, cancel := a.db.Bounded(ctx)
+	defer cancel()
+	err := a.db.WithContext(qctx).Table("operations AS n").
+		Joins("JOIN operations o ON o.key_id = n.key_id AND o.fencing_token = n.fencing_token - 1").
+		Where("n.id IN ?", ids).
+		Select("n.id AS next_id, o.id, o.state, o.fencing_token, o.outcome_status, o.outcome_receipt").
+		Scan(&rows).Error
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		byID[r.NextID].prev = &PreviousOperation{ID: r.ID, State: r.State, FencingToken: r.FencingToken,
+			OutcomeStatus: r.OutcomeStatus, OutcomeReceipt: r.OutcomeReceipt}
+	}
+	return nil
 }
 
 // answer turns a store's decision on in into what the caller is told, and reports it.

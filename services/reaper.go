@@ -200,12 +200,18 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		var ids []string
 		scanCtx, cancel := r.db.Bounded(ctx)
 		db := r.db.WithContext(scanCtx)
-		// An operation that still holds its key (a failed one within its TTL) is kept. The
-		// candidates come off operations_ended, oldest first; the hold check is a probe of
-		// idem_keys_holder (migration 00014; before it, a scan of every key row per batch).
+		// An operation that still holds its key (a failed one within its TTL) is kept, and so
+		// is the generation just before a holder: an attempt_id retry of the holder's
+		// admission names it as previous_operation again (docs/reference.md §4), and the
+		// operator who follows that warning must find it. The candidates come off
+		// operations_ended, oldest first; the hold check is a probe of idem_keys_holder
+		// (migration 00014; before it, a scan of every key row per batch), the successor check
+		// one of the key's primary key.
 		err := db.Model(&models.Operation{}).
 			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
 			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)").
+			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id " +
+				"AND k.fencing_token = operations.fencing_token + 1 AND k.holder_operation_id IS NOT NULL)").
 			Order("ended_at").Limit(batchSize).Pluck("id", &ids).Error
 		cancel()
 		if err != nil {

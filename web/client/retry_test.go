@@ -32,6 +32,38 @@ func dropFirstAnswer(path string, dropped *atomic.Int32) *http.Client {
 	})}
 }
 
+// Issue 28 item 1, end to end: the key's earlier generation succeeded, the admission's answer
+// is lost and the client retries with its attempt_id. Do must hand fn the warning the lost
+// answer carried, not a bare "run it".
+func TestDoRetryAfterLostAnswerKeepsPreviousOperation(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		key := uniqueKey("lost-prev")
+		plain := newClient(t, srv)
+		first, err := plain.Acquire(ctx(t), client.AcquireRequest{Key: key, TTL: time.Second})
+		require.NoError(t, err)
+		_, err = plain.RecordOutcome(ctx(t), first.Admitted.OperationID, client.OutcomeRequest{
+			OwnerToken: first.Admitted.OwnerToken, Status: client.StatusSucceeded, Receipt: "ch_1"})
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond) // the TTL passes: the key may be admitted again
+
+		var dropped atomic.Int32
+		c := newClient(t, srv, client.WithHTTPClient(dropFirstAnswer("/v1/acquire", &dropped)))
+		var prev *client.PreviousOperation
+		res, err := c.Do(ctx(t), client.AcquireRequest{Key: key, TTL: time.Minute},
+			func(_ context.Context, l client.Lease) (client.Outcome, error) {
+				prev = l.PreviousOperation
+				return client.Outcome{}, nil
+			})
+		require.NoError(t, err)
+		require.True(t, res.Ran)
+		require.EqualValues(t, 2, dropped.Load(), "the first answer was lost and the call retried")
+		require.NotNil(t, prev, "the retried admission lost its previous_operation warning")
+		require.Equal(t, first.Admitted.OperationID, prev.ID)
+		require.Equal(t, client.StateSucceeded, prev.State)
+		require.Equal(t, "ch_1", prev.Outcome.Receipt)
+	})
+}
+
 func TestAcquireRetryAfterLostAnswerIsTheSameAdmission(t *testing.T) {
 	eachDB(t, func(t *testing.T, srv *servertest.Server) {
 		var dropped atomic.Int32
