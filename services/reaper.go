@@ -210,7 +210,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		err := db.Model(&models.Operation{}).
 			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
 			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)").
-			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id " +
+			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id "+
 				"AND k.fencing_token = operations.fencing_token + 1 AND k.holder_operation_id IS NOT NULL)").
 			Order("ended_at").Limit(batchSize).Pluck("id", &ids).Error
 		cancel()
