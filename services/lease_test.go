@@ -401,3 +401,36 @@ func TestHoldUntilReconciled(t *testing.T) {
 		requireOutcomeUncertain(t, err, unsure.OperationID)
 	})
 }
+
+// Issue 28 item 2: the owner's own outcome is a first write after a lapsed lease like any
+// other (docs/reference.md §8): the lapse is applied first, so an uncertain outcome keeps
+// lease_expired_without_outcome (and duplicates get 409, as after any other first write), and a
+// late succeeded leaves the lapse in the event log before the outcome.
+func TestOutcomeAfterLapsedLeaseRecordsTheLapse(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		unc := acquireLease(t, b, "lease/own-uncertain", 600, 30, OnExpiryReadmit)
+		late := acquireLease(t, b, "lease/late-success", 600, 30, OnExpiryReadmit)
+		lapseLease(t, b, unc.OperationID)
+		lapseLease(t, b, late.OperationID)
+
+		op := mustRecord(t, b, unc, OutcomeInput{Status: StateUncertain, Note: ptr("timed out")})
+		require.Equal(t, StateUncertain, op.State)
+		require.Equal(t, ReasonLeaseExpired, deref(op.StateReason), "the lapse went unrecorded")
+		_, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "lease/own-uncertain", TTLSeconds: 600})
+		requireOutcomeUncertain(t, err, unc.OperationID)
+
+		op = mustRecord(t, b, late, OutcomeInput{Status: StateSucceeded, Receipt: ptr("r-late")})
+		require.Equal(t, StateSucceeded, op.State)
+		var evs []models.Event
+		require.NoError(t, b.db.Where("operation_id = ?", late.OperationID).Order("id").Find(&evs).Error)
+		var kinds []string
+		for _, e := range evs {
+			kinds = append(kinds, e.Kind+" "+e.Actor+" "+e.Detail)
+		}
+		require.Equal(t, []string{
+			EventStateChanged + " " + ActorSystem + " in_progress -> uncertain: " + ReasonLeaseExpired,
+			EventOutcome + " api:" + b.p.Prefix + " uncertain -> succeeded: outcome succeeded, receipt r-late",
+		}, kinds[len(kinds)-2:])
+	})
+}

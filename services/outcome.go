@@ -112,6 +112,17 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 		if err != nil {
 			return err
 		}
+		// docs/reference.md §8: the first write after a lapsed lease records the lapse, and
+		// the owner's late outcome is such a write like an acquire, renew or release: its
+		// uncertain keeps lease_expired_without_outcome (duplicates 409), its succeeded
+		// follows the lapse in the event log.
+		if lapsed, err := lapseIfLeaseLapsed(tx, &op, now); err != nil {
+			return err
+		} else if lapsed {
+			if err := tx.Where("id = ?", id).Take(&op).Error; err != nil {
+				return err
+			}
+		}
 		if changed, err = applyOutcome(tx, &op, in.Status, in.Receipt, resp, in.Note, in.Release, "api:"+p.Prefix, now); err != nil {
 			return err
 		}
