@@ -139,24 +139,22 @@ func handleOutcome(adm *services.Admission) fiber.Handler {
 	}
 }
 
-// decodeRenew reads a renew body (docs/reference.md §8): strictly decoded, owner_token and
-// lease_seconds required. Errors are services.ErrInvalidRequest.
+// decodeRenew reads a renew body (docs/reference.md §8): strictly decoded, owner_token
+// required. An absent lease_seconds is left 0, which RenewInput.Validate refuses only after
+// Renew has checked the token: a wrong token is 403 not_owner whatever else is wrong, as for an
+// outcome (issue 28). Errors are services.ErrInvalidRequest.
 func decodeRenew(body []byte) (services.RenewInput, error) {
 	var req renewRequest
 	if err := decodeJSON(body, &req); err != nil {
 		return services.RenewInput{}, err
 	}
-	var missing []string
 	if req.OwnerToken == nil {
-		missing = append(missing, "owner_token")
+		return services.RenewInput{}, required("owner_token")
 	}
-	if req.LeaseSeconds == nil {
-		missing = append(missing, "lease_seconds")
+	in := services.RenewInput{OwnerToken: *req.OwnerToken}
+	if req.LeaseSeconds != nil {
+		in.LeaseSeconds = *req.LeaseSeconds
 	}
-	if len(missing) > 0 {
-		return services.RenewInput{}, required(missing...)
-	}
-	in := services.RenewInput{OwnerToken: *req.OwnerToken, LeaseSeconds: *req.LeaseSeconds}
 	if req.ExtendTTL != nil {
 		in.ExtendTTL = *req.ExtendTTL
 	}

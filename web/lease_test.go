@@ -53,6 +53,9 @@ func TestAPILeaseAndRenew(t *testing.T) {
 
 			renew := "/v1/operations/" + id + "/renew"
 			problemOf(t, c.do("POST", renew, map[string]any{"owner_token": "ot_wrong", "lease_seconds": 30}), 403, services.CodeNotOwner)
+			// Issue 28 item 7: the token is checked before the other fields, as for outcomes.
+			problemOf(t, c.do("POST", renew, map[string]any{"owner_token": "ot_wrong"}), 403, services.CodeNotOwner)
+			problemOf(t, c.do("POST", renew, map[string]any{"owner_token": "ot_wrong", "lease_seconds": 0}), 403, services.CodeNotOwner)
 			bad := problemOf(t, c.do("POST", renew, map[string]any{"owner_token": owner}), 400, services.CodeInvalidRequest)
 			require.Equal(t, []string{"lease_seconds"}, fieldNames(bad))
 			problemOf(t, c.do("POST", renew, map[string]any{"owner_token": owner, "lease_seconds": 2592001}), 400, services.CodeInvalidRequest)
@@ -192,9 +195,9 @@ func FuzzParseWait(f *testing.F) {
 	})
 }
 
-// FuzzDecodeRenew: a renew body decodes (strictly, owner_token and lease_seconds required) or
-// is refused as invalid_request; a decoded one validates exactly when lease_seconds is 1 to
-// 2592000, the default maximum TTL.
+// FuzzDecodeRenew: a renew body decodes (strictly, owner_token required) or is refused as
+// invalid_request; a decoded one validates exactly when lease_seconds is 1 to 2592000, the
+// default maximum TTL (an absent one decodes as 0, refused by Validate after the owner check).
 func FuzzDecodeRenew(f *testing.F) {
 	for _, s := range []string{`{"owner_token":"ot_x","lease_seconds":30}`, `{"owner_token":"ot_x","lease_seconds":30,"extend_ttl":true}`,
 		`{"owner_token":"ot_x"}`, `{"lease_seconds":1}`, `{"owner_token":"ot_x","lease_seconds":0}`, `{"owner_token":"ot_x","lease_seconds":2592001}`,
