@@ -58,12 +58,12 @@ func newRoot(env Env) *cobra.Command {
 		SilenceUsage: true,
 		RunE:         func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) },
 	}
-	root.Long += "\n\n" + variablesHelp()
+	serveCmd := &cobra.Command{Use: "serve", Short: "Serve the JSON API and dashboard (default)", Args: cobra.NoArgs,
+		Long: "Migrate the database, create the first admin account and API key if there are none, then serve\n" +
+			"the JSON API and the dashboard and run the reaper until SIGINT or SIGTERM.",
+		RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) }}
 	root.AddCommand(
-		&cobra.Command{Use: "serve", Short: "Serve the JSON API and dashboard (default)", Args: cobra.NoArgs,
-			Long: "Migrate the database, create the first admin account and API key if there are none, then serve\n" +
-				"the JSON API and the dashboard and run the reaper until SIGINT or SIGTERM.\n\n" + variablesHelp(),
-			RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) }},
+		serveCmd,
 		&cobra.Command{Use: "migrate", Short: "Apply pending database migrations and exit", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return migrate(cmd.Context(), env) }},
 		&cobra.Command{Use: "reap", Short: "Run one reaper pass: expire holds, purge old evidence", Args: cobra.NoArgs,
@@ -74,7 +74,40 @@ func newRoot(env Env) *cobra.Command {
 		versionCmd(env),
 		webhookCmd(env),
 	)
+	// The environment variables (dozens of lines) follow the usage and the command list in
+	// the help of the two commands that serve, so the commands are what one sees first.
+	usageHelp := root.HelpFunc()
+	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+		usageHelp(cmd, args)
+		if cmd == root || cmd == serveCmd {
+			fmt.Fprint(cmd.OutOrStdout(), "\n"+variablesHelp())
+		}
+	})
+	var groups func(*cobra.Command)
+	groups = func(cmd *cobra.Command) {
+		for _, c := range cmd.Commands() {
+			if c.HasSubCommands() && c.RunE == nil && c.Run == nil {
+				asGroup(c)
+			}
+			groups(c)
+		}
+	}
+	groups(root)
 	return root
+}
+
+// asGroup makes cmd, a command that only holds subcommands, print its help when called alone
+// and refuse anything else as an unknown command (exit status 1). Cobra's default for a
+// command without RunE prints the help and succeeds, so `idemgate apikey lst` looked like it
+// worked (issue 28).
+func asGroup(cmd *cobra.Command) {
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unknown command %q for %q; see %q", args[0], c.CommandPath(), c.CommandPath()+" --help")
+		}
+		return nil
+	}
+	cmd.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 }
 
 // newLogger returns the process's logger: JSON lines (or text on a terminal, or as

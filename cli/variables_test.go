@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"io"
 	"os"
 	"regexp"
 	"sort"
@@ -104,4 +105,44 @@ func TestBadAddrIsRefusedAtConfiguration(t *testing.T) {
 		_, err := LoadConfig(env(map[string]string{"IDEMGATE_ADDR": ok}))
 		require.NoError(t, err, ok)
 	}
+}
+
+// TestHelpShowsCommandsFirst: `idemgate --help` lists the commands before the environment
+// variables, which run to dozens of lines (issue 28 item 16).
+func TestHelpShowsCommandsFirst(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"serve", "--help"}} {
+		out, _, err := run(t, nil, "", args...)
+		require.NoError(t, err)
+		usage, vars := strings.Index(out, "Usage:"), strings.Index(out, "DATABASE_URL")
+		require.True(t, usage >= 0 && vars > usage, "%v: usage at %d, variables at %d", args, usage, vars)
+	}
+	out, _, err := run(t, nil, "", "--help")
+	require.NoError(t, err)
+	require.Less(t, strings.Index(out, "apikey"), strings.Index(out, "DATABASE_URL"))
+	// A group's help is about the group: no environment there.
+	out, _, err = run(t, nil, "", "apikey", "--help")
+	require.NoError(t, err)
+	require.NotContains(t, out, "DATABASE_URL")
+}
+
+// TestUnknownSubcommandFails: a mistyped subcommand of any group is an error naming it, exit
+// status non-zero, never the group's help with status 0 (issue 28 item 16); the group alone
+// still prints its help.
+func TestUnknownSubcommandFails(t *testing.T) {
+	root := newRoot(Env{Getenv: env(nil), Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard})
+	groups := 0
+	for _, c := range root.Commands() {
+		if !c.HasSubCommands() {
+			continue
+		}
+		groups++
+		_, _, err := run(t, nil, "", c.Name(), "lst")
+		require.ErrorContains(t, err, `unknown command "lst"`, c.Name())
+		out, _, err := run(t, nil, "", c.Name())
+		require.NoError(t, err, c.Name())
+		require.Contains(t, out, "Available Commands", c.Name())
+	}
+	require.GreaterOrEqual(t, groups, 4)
+	_, _, err := run(t, nil, "", "sevre")
+	require.ErrorContains(t, err, `unknown command "sevre"`)
 }
