@@ -8,145 +8,18 @@ package models_test
 // idemgate through it exactly as configured by default.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
-
-// pgbouncerBin finds Debian's pgbouncer, running .ci/pgbouncer.sh (which installs it when we
-// are root) if it is missing. It fails the test when pgbouncer cannot be had: never a skip.
-func pgbouncerBin(t *testing.T) string {
-	t.Helper()
-	find := func() string {
-		if p, err := exec.LookPath("pgbouncer"); err == nil {
-			return p
-		}
-		if _, err := os.Stat("/usr/sbin/pgbouncer"); err == nil {
-			return "/usr/sbin/pgbouncer"
-		}
-		return ""
-	}
-	if p := find(); p != "" {
-		return p
-	}
-	out, err := exec.Command("bash", "../.ci/pgbouncer.sh").CombinedOutput()
-	p := find()
-	if p == "" {
-		t.Fatalf("pgbouncer is needed (Debian package pgbouncer) and could not be installed: %v\n%s", err, out)
-	}
-	return p
-}
-
-// pgbouncer is one running pgbouncer process in transaction pooling mode.
-type pgbouncer struct {
-	host, port string
-	log        *bytes.Buffer
-}
-
-// startPgBouncer starts pgbouncer on a free loopback port in front of the PostgreSQL server of
-// modeltest.AdminURL, in transaction pooling mode with poolSize server connections per
-// database (few, so that client connections really share server connections), trust auth, and
-// stops it when the test ends.
-func startPgBouncer(t *testing.T, poolSize int) *pgbouncer {
-	t.Helper()
-	bin := pgbouncerBin(t)
-	admin, err := url.Parse(modeltest.AdminURL())
-	require.NoError(t, err)
-	pgHost, pgPort := admin.Hostname(), admin.Port()
-	if pgPort == "" {
-		pgPort = "5432"
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	require.NoError(t, ln.Close())
-
-	// pgbouncer refuses to run as root; -u drops to an unprivileged user after it has read its
-	// files, so they stay private to us.
-	dir, err := os.MkdirTemp("", "idemgate-pgbouncer-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	users := filepath.Join(dir, "users.txt")
-	// With trust auth pgbouncer checks no client, and logs in to PostgreSQL with the password of
-	// the auth_file (TEST_DATABASE_URL's, if it has one).
-	password, _ := admin.User.Password()
-	require.NoError(t, os.WriteFile(users, fmt.Appendf(nil, "%q %q\n", admin.User.Username(), password), 0o600))
-	ini := filepath.Join(dir, "pgbouncer.ini")
-	require.NoError(t, os.WriteFile(ini, fmt.Appendf(nil, `[databases]
-* = host=%s port=%s
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %s
-unix_socket_dir =
-auth_type = trust
-auth_file = %s
-pool_mode = transaction
-default_pool_size = %d
-max_client_conn = 500
-ignore_startup_parameters = extra_float_digits
-`, pgHost, pgPort, port, users, poolSize), 0o600))
-
-	args := []string{ini}
-	if os.Geteuid() == 0 {
-		name := "postgres"
-		if _, err := user.Lookup(name); err != nil {
-			name = "nobody"
-		}
-		args = append([]string{"-u", name}, args...)
-	}
-	var out bytes.Buffer
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-	})
-	for range 100 {
-		select {
-		case err := <-done:
-			t.Fatalf("pgbouncer exited at start: %v\n%s", err, out.String())
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", port), time.Second); err == nil {
-			_ = c.Close()
-			return &pgbouncer{host: "127.0.0.1", port: port, log: &out}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("pgbouncer does not listen on 127.0.0.1:%s\n%s", port, out.String())
-	return nil
-}
-
-// through returns dbURL with its host and port replaced by the pgbouncer's: the same database,
-// reached through the pooler, with every other parameter as given.
-func (b *pgbouncer) through(t *testing.T, dbURL string) string {
-	t.Helper()
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.Host = net.JoinHostPort(b.host, b.port)
-	return u.String()
-}
 
 // freshDB creates an empty PostgreSQL database for this test alone and returns its direct URL.
 // Create databases before starting pgbouncer: cleanups run last-in first-out, and dropping a
@@ -174,14 +47,14 @@ func openDB(t *testing.T, dbURL string) *models.DB {
 // server connection already has that name (42P05) or lacks it (26000), which answered 500.
 func TestPgBouncerConcurrentAcquires(t *testing.T) {
 	direct := freshDB(t)
-	bouncer := startPgBouncer(t, 4)
+	bouncer := modeltest.StartPgBouncer(t, 4)
 	// The schema is laid directly: this test is about the acquires; migrating through the
 	// pooler is TestPgBouncerConcurrentMigrations.
 	mig := openDB(t, direct)
 	_, err := models.Migrate(context.Background(), mig, nil)
 	require.NoError(t, err)
 
-	db := openDB(t, bouncer.through(t, direct))
+	db := openDB(t, bouncer.Through(t, direct))
 	// The pooler is detected, so statements go unnamed through it; a direct connection keeps
 	// the faster named prepared statements.
 	require.Equal(t, "cache_describe", db.QueryExecMode())
@@ -236,9 +109,9 @@ func TestPgBouncerConcurrentMigrations(t *testing.T) {
 	for range 3 {
 		fresh = append(fresh, freshDB(t))
 	}
-	bouncer := startPgBouncer(t, 4)
+	bouncer := modeltest.StartPgBouncer(t, 4)
 	for round, direct := range fresh {
-		a, b := openDB(t, bouncer.through(t, direct)), openDB(t, bouncer.through(t, direct))
+		a, b := openDB(t, bouncer.Through(t, direct)), openDB(t, bouncer.Through(t, direct))
 		var (
 			wg      sync.WaitGroup
 			applied [2]int
@@ -270,7 +143,7 @@ func TestPgBouncerConcurrentMigrations(t *testing.T) {
 		require.Equal(t, len(rows), applied[0]+applied[1], "round %d: migrations applied by the two instances", round)
 
 		// A later instance starting through the pooler finds nothing to do and starts.
-		n, err := models.Migrate(context.Background(), openDB(t, bouncer.through(t, direct)), nil)
+		n, err := models.Migrate(context.Background(), openDB(t, bouncer.Through(t, direct)), nil)
 		require.NoError(t, err, "round %d: a third instance", round)
 		require.Zero(t, n)
 	}

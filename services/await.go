@@ -2,7 +2,10 @@ package services
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -323,6 +326,9 @@ func (a *Awaiter) listenOnce(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}
+	if err := a.probe(ctx, conn); err != nil {
+		return err
+	}
 	a.listening.Store(true)
 	// Whatever changed while no connection listened is caught by the next poll.
 	for {
@@ -333,3 +339,40 @@ func (a *Awaiter) listenOnce(ctx context.Context) error {
 		a.wake(n.Payload)
 	}
 }
+
+// probe sends a notification on conn's channel from another connection (the pool's, as every
+// real notification is) and waits, at most the store timeout (5 s when none), for it to
+// arrive. One sent on conn itself would prove nothing: the pooler forwards what arrives during
+// the client's own transaction. Behind a transaction pooler (PgBouncer in transaction mode)
+// LISTEN succeeds on whichever server connection ran it and then nothing ever arrives: without
+// the probe the waiters fell back to polling with nothing logged (issue 28). Other instances
+// receive the probe too; its payload names no operation, so it wakes nobody.
+func (a *Awaiter) probe(ctx context.Context, conn *pgx.Conn) error {
+	payload := "probe:" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	bound := a.db.StoreTimeout
+	if bound <= 0 {
+		bound = 5 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	if err := a.db.WithContext(wctx).Exec("SELECT pg_notify(?, ?)", notifyChannel, payload).Error; err != nil {
+		return err
+	}
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			if ctx.Err() == nil && wctx.Err() != nil {
+				return fmt.Errorf("%w (within %s): behind a transaction pooler such as PgBouncer in transaction mode "+
+					"notifications never arrive; point IDEMGATE_LISTEN_DATABASE_URL at PostgreSQL directly", errNoNotifications, bound)
+			}
+			return err
+		}
+		if n.Payload == payload {
+			return nil
+		}
+		a.wake(n.Payload)
+	}
+}
+
+// errNoNotifications is probe's error when its own notification never came back.
+var errNoNotifications = errors.New("LISTEN connection received no notification, not even its own test notification")

@@ -1,12 +1,16 @@
 package services
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -223,4 +227,57 @@ func TestWaitAnswersAtLeaseLapse(t *testing.T) {
 		require.False(t, time.Now().Before(rn.LeaseExpiresAt), "never before the renewed lease end")
 		require.Equal(t, rn.LeaseExpiresAt, r.op.LeaseExpiresAt.UTC())
 	})
+}
+
+// TestListenBehindTransactionPoolerIsLogged: behind PgBouncer in transaction mode a LISTEN
+// succeeds and no notification ever arrives. The Awaiter notices (its own test notification
+// does not come back), says so once in the log, naming the setting that fixes it, and leaves
+// the waiters to polling; on a direct connection it listens and logs nothing (issue 28 item 9).
+func TestListenBehindTransactionPoolerIsLogged(t *testing.T) {
+	onPostgres(t, func(t *testing.T, b *testBundle) {
+		bouncer := modeltest.StartPgBouncer(t, 2)
+		for _, tc := range []struct {
+			name, url string
+			listens   bool
+		}{
+			{"direct", dbs.PostgresURL, true},
+			{"pgbouncer", bouncer.Through(t, dbs.PostgresURL), false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var logged syncBuffer
+				aw := NewAwaiter(b.db, AwaiterConfig{ListenURL: tc.url, Log: slog.New(slog.NewTextHandler(&logged, nil))})
+				ctx, cancel := context.WithCancel(bg)
+				done := make(chan struct{})
+				go func() { defer close(done); aw.Run(ctx) }()
+				t.Cleanup(func() { cancel(); <-done })
+				if tc.listens {
+					require.Eventually(t, aw.Listening, 10*time.Second, 10*time.Millisecond)
+					require.Empty(t, logged.String())
+					return
+				}
+				require.Eventually(t, func() bool { return strings.Contains(logged.String(), "IDEMGATE_LISTEN_DATABASE_URL") },
+					30*time.Second, 20*time.Millisecond)
+				require.False(t, aw.Listening())
+				require.Equal(t, 1, strings.Count(logged.String(), "level=WARN"), logged.String())
+			})
+		}
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing and a test reading at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
 }
