@@ -125,22 +125,24 @@ func parseAuditQuery(c *fiber.Ctx, op *services.OperatorAccount) (auditQuery, se
 	f := services.AuditFilter{Tenant: q.Tenant}
 	var ok bool
 	if f.From, ok = parseAuditTime(q.From); !ok {
-		return q, f, "From must be a date and time such as 2026-01-31T09:30 (UTC)."
+		return q, f, "From must be a date and time after 1970 such as 2026-01-31T09:30 (UTC)."
 	}
 	if f.To, ok = parseAuditTime(q.To); !ok {
-		return q, f, "To must be a date and time such as 2026-01-31T09:30 (UTC)."
+		return q, f, "To must be a date and time after 1970 such as 2026-01-31T09:30 (UTC)."
 	}
 	return q, f, ""
 }
 
-// parseAuditTime parses one time parameter; "" is the zero time (the service's default).
+// parseAuditTime parses one time parameter; "" is the zero time (the service's default). A
+// time before 1970 is refused: no attempt is that old, and 0001-01-01T00:00:00Z, the zero
+// time, would otherwise silently mean "no bound", the last 24 hours (issue 28).
 func parseAuditTime(raw string) (time.Time, bool) {
 	if raw == "" {
 		return time.Time{}, true
 	}
 	for _, l := range auditTimeLayouts {
 		if t, err := time.ParseInLocation(l, raw, time.UTC); err == nil {
-			return t.UTC(), true
+			return t.UTC(), t.Unix() >= 0
 		}
 	}
 	return time.Time{}, false

@@ -119,6 +119,10 @@ func TestDashboardAuditBadRange(t *testing.T) {
 			"from=2026-01-02T00:00&to=2026-01-01T00:00", // to before from
 			"from=2026-01-01T00:00&to=2026-03-01T00:00", // over 31 days
 			"from=yesterday",
+			// Issue 28 item 6: the zero time is a time, not "no from" (the last 24 h).
+			"from=0001-01-01T00:00:00Z",
+			"to=0001-01-01T00:00:00Z",
+			"from=1969-12-31T23:59",
 		} {
 			for _, path := range []string{"/audit?", "/audit.csv?"} {
 				p := b.get(path + q)
@@ -335,5 +339,31 @@ func TestDashboardAuditPager(t *testing.T) {
 		newer := b.get(older.testid("audit-newer").AttrOr("href", ""))
 		require.Equal(t, http.StatusOK, newer.status, newer.body)
 		require.Equal(t, []string{"pager"}, keys(newer))
+	})
+}
+
+// FuzzParseAuditTime: a from or to parameter is "" (no bound: the zero time), or a time at or
+// after 1970 in UTC that prints back as itself in RFC 3339, or refused; never the zero time
+// for a non-empty value, which the audit would read as no bound (issue 28).
+func FuzzParseAuditTime(f *testing.F) {
+	for _, s := range []string{"", "2026-01-31T09:30", "2026-01-31T09:30:15", "2026-01-31T09:30:00+02:00",
+		"0001-01-01T00:00:00Z", "1969-12-31T23:59", "1970-01-01T00:00", "yesterday", "9999-12-31T23:59"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		tm, ok := parseAuditTime(raw)
+		if !ok {
+			return
+		}
+		if raw == "" {
+			require.True(t, tm.IsZero())
+			return
+		}
+		require.False(t, tm.IsZero(), raw)
+		require.GreaterOrEqual(t, tm.Unix(), int64(0), raw)
+		require.Equal(t, time.UTC, tm.Location(), raw)
+		back, err := time.Parse(time.RFC3339Nano, tm.Format(time.RFC3339Nano))
+		require.NoError(t, err, raw)
+		require.True(t, back.Equal(tm), raw)
 	})
 }
