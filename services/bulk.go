@@ -306,9 +306,7 @@ func (rc *Reconciliation) createJob(ctx context.Context, scope, actor string, vi
 		} else if t := in.Filter.TenantID; t != nil {
 			q = q.Where("tenant_id = ?", *t)
 		}
-		if in.Filter.Reason != "" {
-			q = q.Where("state_reason = ?", in.Filter.Reason)
-		}
+		q = whereReason(q, in.Filter.Reason)
 		if !in.Filter.UncertainBefore.IsZero() {
 			q = q.Where("uncertain_at < ?", in.Filter.UncertainBefore.UTC())
 		}

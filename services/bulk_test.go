@@ -113,6 +113,13 @@ func TestBulkReconcileFilter(t *testing.T) {
 		require.Equal(t, acct.Username, deref(opRow(t, b, ttl.OperationID).OutcomeBy))
 		require.Equal(t, StateUncertain, opRow(t, b, reported.OperationID).State)
 
+		// The owner-reported ones (no state_reason) are a reason of the filter too (issue 28).
+		mine, err := b.recon.BulkReconcileForOperator(bg, acct, BulkReconcileInput{JobID: "f-3", Status: StateFailed,
+			Note: "reported", Filter: &BulkFilter{Reason: ReasonReportedUncertain}})
+		require.NoError(t, err)
+		require.Equal(t, []JobItem{{OperationID: reported.OperationID, Result: ItemDone}}, mine.Items)
+		require.Equal(t, StateFailed, opRow(t, b, reported.OperationID).State)
+
 		// uncertain_before in the past matches nothing: an empty, completed job.
 		empty, err := b.recon.BulkReconcileForOperator(bg, acct, BulkReconcileInput{JobID: "f-2", Status: StateFailed,
 			Note: "n", Filter: &BulkFilter{UncertainBefore: time.Now().Add(-time.Hour)}})

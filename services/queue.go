@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
 )
 
 // OperationFilter selects operations for ListOperations. State is required and must be
@@ -116,9 +117,7 @@ func (r *reader) listQueue(ctx context.Context, tenantID *int64, f OperationFilt
 	if tenantID != nil {
 		q = q.Where("tenant_id = ?", *tenantID)
 	}
-	if f.Reason != "" {
-		q = q.Where("state_reason = ?", f.Reason)
-	}
+	q = whereReason(q, f.Reason)
 	if !f.UncertainBefore.IsZero() {
 		q = q.Where("uncertain_at < ?", f.UncertainBefore.UTC())
 	}
@@ -251,9 +250,7 @@ func (ds *Dashboard) CountQueue(ctx context.Context, tenantID *int64, f Operatio
 	if tenantID != nil {
 		q = q.Where("tenant_id = ?", *tenantID)
 	}
-	if f.Reason != "" {
-		q = q.Where("state_reason = ?", f.Reason)
-	}
+	q = whereReason(q, f.Reason)
 	if !f.UncertainBefore.IsZero() {
 		q = q.Where("uncertain_at < ?", f.UncertainBefore.UTC())
 	}
@@ -262,4 +259,18 @@ func (ds *Dashboard) CountQueue(ctx context.Context, tenantID *int64, f Operatio
 		return 0, storeError("count queue", err)
 	}
 	return n, nil
+}
+
+// whereReason narrows q, over uncertain operations, to those of the queue reason reason: any
+// for "", the owner-reported ones (no state_reason) for ReasonReportedUncertain, else those
+// whose state_reason is reason.
+func whereReason(q *gorm.DB, reason string) *gorm.DB {
+	switch reason {
+	case "":
+		return q
+	case ReasonReportedUncertain:
+		return q.Where("state_reason IS NULL")
+	default:
+		return q.Where("state_reason = ?", reason)
+	}
 }

@@ -36,6 +36,12 @@ const (
 	// ReasonLeaseExpired is the reason of an operation made uncertain because its lease ran
 	// out before its TTL without an outcome (docs/reference.md §8).
 	ReasonLeaseExpired = "lease_expired_without_outcome"
+	// ReasonReportedUncertain is the reconciliation queue's reason for an operation its caller
+	// reported uncertain itself (outcome status uncertain). It is never stored: such an
+	// operation's state_reason stays null, as for every state a caller or operator chose
+	// (docs/reference.md §4), so the queue's reason filter (OperationFilter.Reason,
+	// BulkFilter.Reason) reads this value as "state_reason IS NULL".
+	ReasonReportedUncertain = "reported_uncertain"
 )
 
 // Expiry policies: what a key does once its TTL is over while its newest operation has no

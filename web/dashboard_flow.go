@@ -13,9 +13,9 @@ import (
 // reasonTexts are the words the dashboard shows for the state reasons the system writes
 // (docs/reference.md §3 and §8): operators read sentences, not codes.
 var reasonTexts = map[string]string{
-	services.ReasonTTLExpired:       "TTL expired without an outcome",
-	"lease_expired_without_outcome": "Lease expired without an outcome",
-	"reported_uncertain":            "Reported uncertain by the caller",
+	services.ReasonTTLExpired:        "TTL expired without an outcome",
+	"lease_expired_without_outcome":  "Lease expired without an outcome",
+	services.ReasonReportedUncertain: "Reported uncertain by the caller",
 }
 
 // humanReason turns a state reason code into words for the dashboard: the known codes by

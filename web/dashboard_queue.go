@@ -22,6 +22,7 @@ const (
 var queueReasons = []views.Option{
 	{Value: services.ReasonTTLExpired, Label: humanReason(services.ReasonTTLExpired)},
 	{Value: "lease_expired_without_outcome", Label: humanReason("lease_expired_without_outcome")},
+	{Value: services.ReasonReportedUncertain, Label: humanReason(services.ReasonReportedUncertain)},
 }
 
 // queueFilter turns the page's filter into the service's, and the tenant to list: a global
@@ -113,7 +114,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 			it := &page.Items[i]
 			r := views.QueueRow{OperationID: it.ID, URL: withBack(operationURL(it.ID), self), Key: it.Key, Tenant: it.TenantName,
 				Operation: opText(it.Operation.Operation), FencingToken: strconv.FormatInt(it.FencingToken, 10),
-				Reason: humanReason(opText(it.StateReason)), ReasonCode: opText(it.StateReason), Superseded: it.Superseded}
+				Reason: humanReason(queueReason(it.StateReason)), ReasonCode: queueReason(it.StateReason), Superseded: it.Superseded}
 			if r.Tenant == "" {
 				r.Tenant = "#" + strconv.FormatInt(it.TenantID, 10)
 			}
@@ -176,4 +177,13 @@ func queryValues(c *fiber.Ctx) url.Values {
 		v[string(k)] = append(v[string(k)], string(val))
 	})
 	return v
+}
+
+// queueReason is the reason code an uncertain operation is listed under: its state_reason, or
+// services.ReasonReportedUncertain when it has none (its caller reported it uncertain).
+func queueReason(stateReason *string) string {
+	if stateReason == nil || *stateReason == "" {
+		return services.ReasonReportedUncertain
+	}
+	return *stateReason
 }

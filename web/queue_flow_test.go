@@ -2,11 +2,14 @@ package web
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/PuerkitoBio/goquery"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
@@ -156,5 +159,38 @@ func TestQueueFilterCarried(t *testing.T) {
 		op := b.get(page.testid("queue-link").First().AttrOr("href", ""))
 		require.Equal(t, back, op.testid("op-back").AttrOr("href", ""))
 		require.Zero(t, b.get("/reconciliation?before=2000-01-01T00:00").testid("queue-row").Length())
+	})
+}
+
+// TestQueueOwnerReportedReason: an operation its owner reported uncertain (it has no
+// state_reason: the system did not choose the state) reads "Reported uncertain by the caller"
+// in the queue, not "—", and is a choice of the reason filter that lists exactly those, for the
+// page, its count and a bulk reconciliation by filter alike (issue 28 item 11).
+func TestQueueOwnerReportedReason(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		reported := f.uncertainOp(t, f.pA, "reported-"+dashRandom())
+		lapsed := f.opAcquire(t, f.pA, "lapsed-"+dashRandom(), 1, "")
+		time.Sleep(1100 * time.Millisecond) // the TTL of 1 s must pass; the reaper makes it uncertain
+		_, err := services.NewReaper(f.db, slog.New(slog.DiscardHandler), 0).RunOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, services.StateUncertain, f.opDetail(t, f.pA, lapsed.OperationID).State)
+
+		queue := b.get("/reconciliation")
+		require.Equal(t, http.StatusOK, queue.status, queue.body)
+		reasons := map[string]string{}
+		queue.testid("queue-reason").Each(func(_ int, s *goquery.Selection) {
+			reasons[s.AttrOr("data-reason", "")] = strings.TrimSpace(s.Text())
+		})
+		require.Equal(t, map[string]string{services.ReasonReportedUncertain: "Reported uncertain by the caller",
+			services.ReasonTTLExpired: "TTL expired without an outcome"}, reasons)
+		require.Equal(t, 1, queue.doc.Find(`#q-reason option[value="`+services.ReasonReportedUncertain+`"]`).Length())
+
+		only := b.get("/reconciliation?reason=" + services.ReasonReportedUncertain)
+		require.Equal(t, http.StatusOK, only.status, only.body)
+		require.Equal(t, 1, only.testid("queue-link").Length())
+		require.Contains(t, only.testid("queue-link").AttrOr("href", ""), reported.OperationID)
+		require.Equal(t, "1 operation matches the filter.", strings.Join(strings.Fields(only.testid("queue-total").Text()), " "))
 	})
 }
