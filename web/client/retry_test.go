@@ -303,9 +303,12 @@ func TestContextCancellation(t *testing.T) {
 		}
 		return http.DefaultTransport.RoundTrip(r)
 	})}
-	tc := newClient(t, srv, client.WithHTTPClient(slowFirst), client.WithRetry(client.RetryPolicy{TryTimeout: 50 * time.Millisecond}))
+	// The bound is generous for the tries that reach the server (an acquire under -race on a
+	// busy CI machine took over 50 ms, and that try was retried too, so the count says "at
+	// least"): only the first try is made to outlive it.
+	tc := newClient(t, srv, client.WithHTTPClient(slowFirst), client.WithRetry(client.RetryPolicy{TryTimeout: 500 * time.Millisecond}))
 	res, err := tc.Acquire(ctx(t), client.AcquireRequest{Key: uniqueKey("t"), TTL: time.Minute})
 	require.NoError(t, err)
 	require.NotNil(t, res.Admitted)
-	require.EqualValues(t, 2, slow.Load())
+	require.GreaterOrEqual(t, slow.Load(), int32(2), "the timed-out first try was retried")
 }
