@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -235,15 +236,50 @@ func opPageTime(t time.Time) (string, string) {
 }
 
 // opPrettyJSON indents raw JSON for a <pre>; the page shows it as text, never as markup.
+// JSON nested deeper than opIndentDepth is shown as stored (compact, at most
+// services.MaxResponseBytes): indentation writes two spaces per level on every line, so its
+// size grows with the square of the nesting, and 16 KiB of [[[…]]] made a 133 MB page
+// (issue 28). Up to that depth the indented text is at most about 2×opIndentDepth+1 times
+// the stored size.
 func opPrettyJSON(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return ""
+	}
+	if jsonDeeperThan(raw, opIndentDepth) {
+		return string(raw)
 	}
 	var buf bytes.Buffer
 	if err := json.Indent(&buf, raw, "", "  "); err != nil {
 		return string(raw)
 	}
 	return buf.String()
+}
+
+// opIndentDepth is the deepest nesting opPrettyJSON indents.
+const opIndentDepth = 16
+
+// jsonDeeperThan reports whether raw nests arrays and objects more than max levels deep (or
+// is not valid JSON, which is then shown as stored too). It reads raw's tokens with
+// encoding/json and stops at the first level past max.
+func jsonDeeperThan(raw []byte, max int) bool {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return false
+		} else if err != nil {
+			return true
+		}
+		switch tok {
+		case json.Delim('['), json.Delim('{'):
+			if depth++; depth > max {
+				return true
+			}
+		case json.Delim(']'), json.Delim('}'):
+			depth--
+		}
+	}
 }
 
 func opText(p *string) string {

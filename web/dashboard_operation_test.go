@@ -1,6 +1,7 @@
 package web
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -408,5 +409,56 @@ func TestDashboardOperationAuditorOtherTenantIs404(t *testing.T) {
 		_, err = f.s.recon.ReconcileOutcome(context.Background(), acct, own.OperationID,
 			services.ReconcileInput{Status: services.StateFailed, Note: "n"})
 		require.ErrorIs(t, err, services.ErrUnauthorized)
+	})
+}
+
+// TestOperationPageBoundsNestedJSON: metadata nested thousands of levels deep (16 KiB of
+// [[[…]]], accepted at acquire) is shown as stored, compact, instead of indented: indenting
+// it wrote two spaces per level on every line, a page that grew with the square of the
+// nesting (133 MB for this much, issue 28 item 5). Shallow JSON is still indented.
+func TestOperationPageBoundsNestedJSON(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		levels := (services.MaxMetadataBytes - 16) / 2
+		deep := `{"x":` + strings.Repeat("[", levels) + strings.Repeat("]", levels) + `}`
+		for _, tc := range []struct {
+			metadata string
+			want     string
+		}{
+			{deep, deep},
+			{`{"a":{"b":[1,2]}}`, "{\n  \"a\": {\n    \"b\": [\n      1,\n      2\n    ]\n  }\n}"},
+		} {
+			a, err := f.s.adm.Acquire(context.Background(), f.pA, services.AcquireInput{Key: "nested-" + dashRandom(), TTLSeconds: 60,
+				Metadata: json.RawMessage(tc.metadata)})
+			require.NoError(t, err)
+			page := b.get("/operations/" + a.OperationID)
+			require.Equal(t, http.StatusOK, page.status)
+			require.Less(t, len(page.body), 4*services.MaxMetadataBytes, "the page stays near the size of what it shows")
+			require.Equal(t, tc.want, page.testid("op-metadata").Text())
+		}
+	})
+}
+
+// FuzzOpPrettyJSON: whatever is stored, the operation page's text for it is the same JSON
+// (compacted, equal to the stored value compacted) and at most about 2×opIndentDepth+2 times
+// its size, never the square of its nesting.
+func FuzzOpPrettyJSON(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":[1,{"b":"c"}]}`, `[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]`, `"x"`, `{"a":"[[["}`, `[`, `not json`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if len(raw) == 0 {
+			return
+		}
+		out := opPrettyJSON(raw)
+		require.LessOrEqual(t, len(out), (2*opIndentDepth+2)*len(raw)+1)
+		if !json.Valid(raw) {
+			return
+		}
+		var want, got bytes.Buffer
+		require.NoError(t, json.Compact(&want, raw))
+		require.NoError(t, json.Compact(&got, []byte(out)))
+		require.Equal(t, want.String(), got.String())
 	})
 }
