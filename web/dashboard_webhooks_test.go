@@ -56,6 +56,10 @@ func TestDashboardWebhooks(t *testing.T) {
 		copyText, ok := res.testid("new-webhook-secret").Attr("data-copy")
 		require.True(t, ok, "the secret has a copy button (static/app.js adds it from data-copy)")
 		require.Equal(t, secret, copyText)
+		// Shown once, so shown first: right under the banner, before every section (issue 28).
+		secretAt := strings.Index(res.body, `data-testid="new-webhook-secret"`)
+		require.Less(t, strings.Index(res.body, `data-testid="flash"`), secretAt)
+		require.Less(t, secretAt, strings.Index(res.body, `class="card admin-section"`))
 
 		page = b.get("/admin")
 		require.NotContains(t, page.body, secret, "shown once")
