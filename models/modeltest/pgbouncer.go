@@ -154,4 +154,3 @@ func (b *PgBouncer) Through(t testing.TB, dbURL string) string {
 	u.Host = net.JoinHostPort(b.host, b.port)
 	return u.String()
 }
-
