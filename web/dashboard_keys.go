@@ -282,18 +282,25 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 	}
 	if op != nil {
 		r.Hold = op.OnExpiry == services.OnExpiryHold
-		if op.State == services.StateInProgress && op.LeaseExpiresAt.Before(op.ExpiresAt) {
+		// A lapsed lease reads the same before the lapse is applied (still in_progress) and
+		// after (uncertain, lease_expired_without_outcome): the outcome is unknown either way.
+		switch {
+		case op.State == services.StateUncertain && op.StateReason != nil && *op.StateReason == services.ReasonLeaseExpired:
+			r.Lease, r.LeaseLapsed = "lease lapsed", true
+		case op.State == services.StateInProgress && op.LeaseExpiresAt.Before(op.ExpiresAt):
 			if left := op.LeaseExpiresAt.Sub(now); left > 0 {
 				r.Lease = "lease expires " + formatTTL(left)
 			} else {
-				r.Lease = "lease lapsed"
+				r.Lease, r.LeaseLapsed, r.NeedsAttention = "lease lapsed", true, true
 			}
 		}
 	}
-	switch hold, left := v.HoldAt(now); hold {
-	case services.HoldLive:
+	switch hold, left := v.HoldAt(now); {
+	case hold == services.HoldLive && r.LeaseLapsed:
+		r.TTL, r.TTLKind = formatTTL(left), views.TTLProtected
+	case hold == services.HoldLive:
 		r.TTL, r.TTLKind, r.TTLMillis = formatTTL(left), views.TTLLive, strconv.FormatInt(left.Milliseconds(), 10)
-	case services.HoldExpired:
+	case hold == services.HoldExpired:
 		r.TTL, r.TTLKind = "expired", views.TTLExpired
 	}
 	return r

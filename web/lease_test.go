@@ -322,3 +322,37 @@ func TestAPIWaitAnswersAtLeaseLapse(t *testing.T) {
 		})
 	}
 }
+
+// TestKeysShowLapsedLease: a key whose operation's lease lapsed shows it in place of a healthy
+// TTL countdown, before the lapse is applied (still in_progress) and after (uncertain,
+// lease_expired_without_outcome): "lease lapsed", marked for attention, while the TTL left still
+// says how long the key stays protected (issue 28 item 14).
+func TestKeysShowLapsedLease(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		op, lease := f.op, int64(1)
+		key := "lapsing-" + dashRandom()
+		acq, err := f.s.adm.Acquire(context.Background(), f.pA, services.AcquireInput{Key: key, TTLSeconds: 300,
+			Operation: &op, LeaseSeconds: &lease})
+		require.NoError(t, err)
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		time.Sleep(1100 * time.Millisecond) // the lease of 1 s must run out
+		check := func(state string) {
+			t.Helper()
+			keys := b.get(f.keysURL("prefix=" + key))
+			require.Equal(t, http.StatusOK, keys.status, keys.body)
+			require.Equal(t, 1, keys.testid("key-row").Length())
+			require.Equal(t, state, keys.testid("state-badge").AttrOr("data-state", ""))
+			lapsed := keys.testid("key-lease")
+			require.Equal(t, "lease lapsed", strings.TrimSpace(lapsed.Text()))
+			require.True(t, lapsed.HasClass("lease--lapsed"), "marked, not muted")
+			require.True(t, keys.testid("key-row").HasClass("row--attention"))
+			require.True(t, keys.testid("key-ttl").HasClass("ttl--protected"), "no healthy countdown")
+		}
+		check(services.StateInProgress)
+		_, err = services.NewReaper(f.db, slog.New(slog.DiscardHandler), 0).RunOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, services.ReasonLeaseExpired, *f.opDetail(t, f.pA, acq.OperationID).StateReason)
+		check(services.StateUncertain)
+	})
+}
