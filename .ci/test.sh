@@ -2,7 +2,7 @@
 # make test (and make check: `.ci/test.sh check`): every phase under a header that says how
 # long the run has taken when the phase starts, then the total, so a slow phase is plain:
 #
-#   == check: gofmt (0 s)  == vet  == staticcheck  == templ  == go test -race  == e2e  == fuzz
+#   == check: gofmt (0 s)  == vet  == staticcheck  == templ  == openapi lint  == go test -race  == e2e  == fuzz
 #   == govulncheck  == done in N s
 #
 # vet and staticcheck run with GOFLAGS=-race: both type-check from compiled export data, and
@@ -33,6 +33,9 @@ go tool templ generate -log-level error
 if ! git diff --quiet -- '*_templ.go' || [ -n "$(git ls-files --others --exclude-standard -- '*_templ.go')" ]; then
   echo "templ generate changed files: commit the generated *_templ.go"; git status --short -- '*_templ.go'; exit 1
 fi
+
+phase "openapi lint"
+.ci/openapi-lint.sh
 
 if [ "$what" = check ]; then
   echo "== done in $((SECONDS - start)) s"

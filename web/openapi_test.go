@@ -99,7 +99,7 @@ var refusalSchemas = map[int]string{
 	http.StatusBadRequest:                  "InvalidRequestProblem",
 	http.StatusUnauthorized:                "UnauthorizedProblem",
 	http.StatusNotFound:                    "NotFoundProblem",
-	http.StatusMethodNotAllowed:            "MethodNotAllowedProblem",
+	http.StatusMethodNotAllowed:            "Problem", // and code invalid_request: checkRefusal
 	http.StatusRequestEntityTooLarge:       "PayloadTooLargeProblem",
 	http.StatusTooManyRequests:             "RateLimitedProblem",
 	http.StatusRequestHeaderFieldsTooLarge: "HeaderFieldsTooLargeProblem",
@@ -132,10 +132,34 @@ func (k *contract) check(x exchange) []string {
 	if ok, errs := k.validator.ValidateHttpResponse(x.request(), x.response()); !ok {
 		out = append(out, "response: "+describe(errs))
 	}
-	if ok, errs := k.validator.ValidateHttpRequestSync(x.request()); !ok && x.status < 400 {
+	if ok, errs := k.validator.ValidateHttpRequestSync(x.request()); !ok && x.status < 400 && !batchRefusedAnItem(path, x.respBody) {
 		out = append(out, fmt.Sprintf("the server answered %d to a request the document refuses: %s", x.status, describe(errs)))
 	}
 	return out
+}
+
+// batchRefusedAnItem reports whether body, the answer to a POST /v1/acquire:batch, refused an
+// item with 400: the document types items as AcquireRequest and says an item that does not
+// match is answered alone with 400 (a test sends such items on purpose), so that batch
+// request is one the document refuses and the server refused in part, as documented.
+func batchRefusedAnItem(path string, body []byte) bool {
+	if path != "/v1/acquire:batch" {
+		return false
+	}
+	var res struct {
+		Results []struct {
+			Status int `json:"status"`
+		} `json:"results"`
+	}
+	if json.Unmarshal(body, &res) != nil {
+		return false
+	}
+	for _, r := range res.Results {
+		if r.Status == http.StatusBadRequest {
+			return true
+		}
+	}
+	return false
 }
 
 // checkRefusal checks a response of the HTTP layer outside the documented operations.
@@ -146,6 +170,19 @@ func (k *contract) checkRefusal(x exchange) []string {
 	}
 	if !isProblem(x.respHeader) {
 		return []string{fmt.Sprintf("a %d refusal has Content-Type %q, not application/problem+json", x.status, x.respHeader.Get("Content-Type"))}
+	}
+	if x.status == http.StatusMethodNotAllowed {
+		// OpenAPI lists only the methods a path has, so no operation names the 405 (a
+		// component for it would be one no operation uses); info.description says it is
+		// invalid_request, with no field errors.
+		var p struct {
+			Status int             `json:"status"`
+			Code   string          `json:"code"`
+			Errors json.RawMessage `json:"errors"`
+		}
+		if err := json.Unmarshal(x.respBody, &p); err != nil || p.Status != x.status || p.Code != "invalid_request" || p.Errors != nil {
+			return []string{fmt.Sprintf("a 405 refusal is not an invalid_request problem without errors: %s", x.respBody)}
+		}
 	}
 	return k.checkSchema(name, x.respBody)
 }
