@@ -119,6 +119,21 @@ func (ds *Dashboard) Tenants(ctx context.Context) ([]TenantRef, error) {
 	return out, nil
 }
 
+// TenantID returns the id of the tenant named name, for the dashboard's filters, which name
+// tenants by name on every page (Keys, Reconciliation, Audit; issue 28). A name no tenant has
+// gives 0, an id no tenant has, so the filter matches nothing, as the audit's does.
+// Errors: ErrStoreUnavailable.
+func (ds *Dashboard) TenantID(ctx context.Context, name string) (int64, error) {
+	var ids []int64
+	if err := ds.db.WithContext(ctx).Model(&models.Tenant{}).Where("name = ?", name).Limit(1).Pluck("id", &ids).Error; err != nil {
+		return 0, storeError("find tenant", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	return ids[0], nil
+}
+
 // KeyCountCap is where the Keys page's total stops counting: past it the page says
 // "10,000+ keys". An exact count over a million keys reads every row on each page load (90–125
 // ms measured on PostgreSQL); a capped one stops after KeyCountCap+1 matches (2 ms)

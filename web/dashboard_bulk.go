@@ -52,7 +52,11 @@ func handleBulkReconcile(s *Server) fiber.Handler {
 				return s.renderErrorPage(c, fiber.StatusBadRequest, "Not reconciled: "+problem+" Nothing was changed.")
 			}
 			before, _ := q.before()
-			in.Filter = &services.BulkFilter{TenantID: q.tenantID(), Reason: q.Reason, UncertainBefore: before}
+			tenant, err := s.tenantID(c.UserContext(), q)
+			if err != nil {
+				return err
+			}
+			in.Filter = &services.BulkFilter{TenantID: tenant, Reason: q.Reason, UncertainBefore: before}
 		} else {
 			args := c.Request().PostArgs().PeekMulti("operation_ids")
 			for _, a := range args {

@@ -1,9 +1,9 @@
 package web
 
 import (
+	"context"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -131,11 +131,6 @@ var queueBeforeLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05", tim
 func parseQueueQuery(v url.Values) (queueQuery, string) {
 	q := queueQuery{Tenant: strings.TrimSpace(v.Get("tenant")), Reason: strings.TrimSpace(v.Get("reason")),
 		Before: strings.TrimSpace(v.Get("before")), Cursor: v.Get("cursor"), Back: v.Get("back")}
-	if q.Tenant != "" {
-		if n, err := strconv.ParseInt(q.Tenant, 10, 64); err != nil || n < 1 {
-			return q, "Tenant must be one of the listed tenants."
-		}
-	}
 	if q.Before != "" {
 		if _, ok := q.before(); !ok {
 			return q, "Uncertain before must be a date and time such as 2026-01-31T14:00 (UTC)."
@@ -157,16 +152,17 @@ func (q queueQuery) before() (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// tenantID is the tenant filter as an id, nil for none.
-func (q queueQuery) tenantID() *int64 {
+// tenantID is the tenant filter (a tenant's name, as on every page) as an id, nil for none;
+// a name no tenant has is an id no tenant has, so the filter matches nothing.
+func (s *Server) tenantID(ctx context.Context, q queueQuery) (*int64, error) {
 	if q.Tenant == "" {
-		return nil
+		return nil, nil
 	}
-	n, err := strconv.ParseInt(q.Tenant, 10, 64)
+	n, err := s.dash.TenantID(ctx, q.Tenant)
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	return &n
+	return &n, nil
 }
 
 // values encodes q, leaving out empty parameters.

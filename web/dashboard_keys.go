@@ -32,7 +32,7 @@ var keyStates = []views.Option{
 // keysQuery is the Keys page's query string: plain GET parameters, so filters and pages are
 // links that work without JavaScript and can be shared.
 type keysQuery struct {
-	// Tenant narrows a global account's list to one tenant (by id); ignored for restricted
+	// Tenant narrows a global account's list to one tenant (by name); ignored for restricted
 	// accounts, which see one tenant anyway.
 	Tenant    string
 	State     string
@@ -67,11 +67,6 @@ func parseKeysQuery(c *fiber.Ctx) (keysQuery, string) {
 			return q, fmt.Sprintf("Per page must be a number from 1 to %d.", services.MaxListLimit)
 		}
 		q.Limit = n
-	}
-	if q.Tenant != "" {
-		if n, err := strconv.ParseInt(q.Tenant, 10, 64); err != nil || n < 1 {
-			return q, "Tenant must be one of the listed tenants."
-		}
 	}
 	return q, ""
 }
@@ -122,7 +117,10 @@ func handleKeysPage(s *Server) fiber.Handler {
 		}
 		tenant := op.TenantID
 		if services.SeesAllTenants(op) && q.Tenant != "" {
-			n, _ := strconv.ParseInt(q.Tenant, 10, 64) // checked by parseKeysQuery
+			n, err := s.dash.TenantID(c.UserContext(), q.Tenant)
+			if err != nil {
+				return err
+			}
 			tenant = &n
 		} else {
 			q.Tenant = ""
@@ -169,7 +167,7 @@ func handleKeysPage(s *Server) fiber.Handler {
 				return err
 			}
 			for _, t := range ts {
-				props.Filter.Tenants = append(props.Filter.Tenants, views.Option{Value: strconv.FormatInt(t.ID, 10), Label: t.Name})
+				props.Filter.Tenants = append(props.Filter.Tenants, views.Option{Value: t.Name, Label: t.Name})
 			}
 		}
 		// The operation pages link back to this filtered list ("← Keys" keeps the filter).

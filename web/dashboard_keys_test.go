@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -89,16 +88,28 @@ func TestDashboardKeysTenantFilter(t *testing.T) {
 		g.mustLogin(f.global)
 		all := g.get(f.keysURL(""))
 		require.ElementsMatch(t, []string{"tf-a", "tf-b"}, dashKeys(all.rows()))
-		idB := strconv.FormatInt(f.pB.TenantID, 10)
+		// Tenants are named by name, on this page as on Audit and Reconciliation (issue 28).
+		idB := f.tenantB
 		require.Equal(t, 1, all.testid("filter-tenant").Find(`option[value="`+idB+`"]`).Length(), "tenant B is offered")
-		onlyB := g.get(f.keysURL("tenant=" + idB))
+		onlyB := g.get(f.keysURL("tenant=" + url.QueryEscape(idB)))
 		require.Equal(t, []string{"tf-b"}, dashKeys(onlyB.rows()))
 		require.Equal(t, idB, onlyB.testid("filter-tenant").Find("option[selected]").AttrOr("value", ""))
-		require.Equal(t, http.StatusBadRequest, g.get("/keys?tenant=x").status)
+		none := g.get(f.keysURL("tenant=no-such-tenant"))
+		require.Equal(t, http.StatusOK, none.status, "an unknown tenant matches nothing, as on Audit")
+		require.Empty(t, none.rows())
+
+		// The reconciliation queue takes the same name.
+		f.uncertainOp(t, f.pA, "tf-queue-a")
+		f.uncertainOp(t, f.pB, "tf-queue-b")
+		queue := g.get("/reconciliation?tenant=" + url.QueryEscape(idB))
+		require.Equal(t, http.StatusOK, queue.status, queue.body)
+		require.Equal(t, 1, queue.testid("queue-link").Length())
+		require.Equal(t, idB, queue.doc.Find(`select[name="tenant"] option[selected]`).AttrOr("value", ""))
 
 		r := newDashBrowser(t, f.s)
 		r.mustLogin(f.restricted)
-		require.Equal(t, []string{"tf-a"}, dashKeys(r.get(f.keysURL("tenant="+idB)).rows()), "a restricted account stays in its tenant")
+		require.ElementsMatch(t, []string{"tf-a", "tf-queue-a"}, dashKeys(r.get(f.keysURL("tenant="+url.QueryEscape(idB))).rows()),
+			"a restricted account stays in its tenant")
 		require.Zero(t, r.get(f.keysURL("")).testid("filter-tenant").Length())
 	})
 }

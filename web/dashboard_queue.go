@@ -28,19 +28,26 @@ var queueReasons = []views.Option{
 // queueFilter turns the page's filter into the service's, and the tenant to list: a global
 // account's tenant choice, else the account's own tenant (a restricted account's tenant
 // parameter is ignored: it sees one tenant anyway).
-func queueFilter(acct *services.OperatorAccount, q queueQuery, limit int) (*int64, services.OperationFilter) {
+func (s *Server) queueFilter(ctx context.Context, acct *services.OperatorAccount, q queueQuery, limit int) (*int64, services.OperationFilter, error) {
 	tenant := acct.TenantID
-	if services.SeesAllTenants(acct) && q.tenantID() != nil {
-		tenant = q.tenantID()
+	if services.SeesAllTenants(acct) && q.Tenant != "" {
+		id, err := s.tenantID(ctx, q)
+		if err != nil {
+			return nil, services.OperationFilter{}, err
+		}
+		tenant = id
 	}
 	before, _ := q.before()
-	return tenant, services.OperationFilter{Limit: limit, Cursor: q.Cursor, Back: q.Back, Reason: q.Reason, UncertainBefore: before}
+	return tenant, services.OperationFilter{Limit: limit, Cursor: q.Cursor, Back: q.Back, Reason: q.Reason, UncertainBefore: before}, nil
 }
 
 // nextInQueue returns the oldest operation of acct's queue under q's filter, nil when the
 // queue is empty: where the operator goes after recording an outcome from the queue.
 func (s *Server) nextInQueue(ctx context.Context, acct *services.OperatorAccount, q queueQuery) (*services.QueuedOperation, error) {
-	tenant, f := queueFilter(acct, q.filterOnly(), 1)
+	tenant, f, err := s.queueFilter(ctx, acct, q.filterOnly(), 1)
+	if err != nil {
+		return nil, err
+	}
 	page, err := s.dash.ReconciliationQueue(ctx, tenant, f)
 	if err != nil || len(page.Items) == 0 {
 		return nil, err
@@ -63,7 +70,10 @@ func handleQueuePage(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
-		tenant, f := queueFilter(op, q, queuePageSize)
+		tenant, f, err := s.queueFilter(c.UserContext(), op, q, queuePageSize)
+		if err != nil {
+			return err
+		}
 		page, err := s.dash.ReconciliationQueue(c.UserContext(), tenant, f)
 		var de *services.Error
 		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
@@ -88,7 +98,7 @@ func handleQueuePage(s *Server) fiber.Handler {
 				return err
 			}
 			for _, t := range ts {
-				p.Filter.Tenants = append(p.Filter.Tenants, views.Option{Value: strconv.FormatInt(t.ID, 10), Label: t.Name})
+				p.Filter.Tenants = append(p.Filter.Tenants, views.Option{Value: t.Name, Label: t.Name})
 			}
 		}
 		if p.Total, err = s.dash.CountQueue(c.UserContext(), tenant, f); err != nil {
