@@ -48,6 +48,9 @@ type Config struct {
 	// WebhookTimeout is IDEMGATE_WEBHOOK_TIMEOUT, the limit of one delivery attempt, default
 	// 10s, from 1s to 60s. A claim's lease is three times it.
 	WebhookTimeout time.Duration
+	// WebhookAllowPrivate is IDEMGATE_WEBHOOK_ALLOW_PRIVATE: webhook endpoints may be private
+	// addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7), default false.
+	WebhookAllowPrivate bool
 	// PprofAddr is IDEMGATE_PPROF_ADDR: when set, a loopback address (127.0.0.1:6060,
 	// [::1]:6060, localhost:6060) where Go's profiler (net/http/pprof, /debug/pprof/) is served
 	// on a listener of its own, with block and mutex profiling sampled. Default none: off.
@@ -124,6 +127,7 @@ var Variables = []Variable{
 	{Name: "IDEMGATE_WEBHOOKS", Default: "true", Meaning: "run a webhook dispatcher in this instance"},
 	{Name: "IDEMGATE_WEBHOOK_POLL_INTERVAL", Default: "1s", Meaning: "how often an idle dispatcher looks for due deliveries (100ms-1h)"},
 	{Name: "IDEMGATE_WEBHOOK_TIMEOUT", Default: "10s", Meaning: "limit of one delivery attempt (1s-60s)"},
+	{Name: "IDEMGATE_WEBHOOK_ALLOW_PRIVATE", Default: "false", Meaning: "let webhook endpoints be private addresses (10/8, 192.168/16, …)"},
 }
 
 // variablesHelp lists Variables for `serve --help`: name, default, meaning.
@@ -230,6 +234,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	boolean("IDEMGATE_SECURE_COOKIES", &c.SecureCookies)
 	boolean("IDEMGATE_WEBHOOKS", &c.Webhooks)
+	boolean("IDEMGATE_WEBHOOK_ALLOW_PRIVATE", &c.WebhookAllowPrivate)
 	boolean("IDEMGATE_TRACE_KEYS", &c.TraceKeys)
 	c.ListenDatabaseURL = getenv("IDEMGATE_LISTEN_DATABASE_URL")
 	if c.ListenDatabaseURL == "" {

@@ -136,7 +136,8 @@ func serve(ctx context.Context, env Env) error {
 	var dispatcher *services.Dispatcher
 	var webhookStats func() services.WebhookStats
 	if cfg.Webhooks {
-		dispatcher = services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout})
+		dispatcher = services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout,
+			AllowPrivate: cfg.WebhookAllowPrivate})
 		webhookStats = dispatcher.Stats
 	}
 	awaiter := services.NewAwaiter(db, services.AwaiterConfig{MaxWaiters: cfg.MaxWaiters, ListenURL: cfg.ListenDatabaseURL, Log: log})
@@ -150,7 +151,7 @@ func serve(ctx context.Context, env Env) error {
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout, Awaiter: awaiter,
 		TracerProvider: tel.TracerProvider, TraceKeys: tel.TraceKeys,
-		Webhooks: services.NewWebhooks(db, log), WebhookStats: webhookStats,
+		Webhooks: services.NewWebhooks(db, log, cfg.WebhookAllowPrivate), WebhookStats: webhookStats,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()

@@ -24,12 +24,12 @@ func webhookCmd(env Env) *cobra.Command {
 		Short: "Create an endpoint; prints only its signing secret (whsec_…) on stdout, this once",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			_, log, db, err := open(c.Context(), env)
+			cfg, log, db, err := open(c.Context(), env)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			ep, err := services.NewWebhooks(db, log).CreateEndpoint(c.Context(), cliActor,
+			ep, err := services.NewWebhooks(db, log, cfg.WebhookAllowPrivate).CreateEndpoint(c.Context(), cliActor,
 				services.WebhookEndpointInput{Tenant: tenant, URL: url, Events: events})
 			if err != nil {
 				return describe(err)
@@ -53,12 +53,12 @@ func webhookCmd(env Env) *cobra.Command {
 		Short: "List endpoints (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			_, log, db, err := open(c.Context(), env)
+			cfg, log, db, err := open(c.Context(), env)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			eps, err := services.NewWebhooks(db, log).ListEndpoints(c.Context(), listTenant)
+			eps, err := services.NewWebhooks(db, log, cfg.WebhookAllowPrivate).ListEndpoints(c.Context(), listTenant)
 			if err != nil {
 				return describe(err)
 			}
@@ -81,12 +81,12 @@ func webhookCmd(env Env) *cobra.Command {
 				if err != nil || id < 1 {
 					return fmt.Errorf("%q is not an endpoint id (see webhook list)", args[0])
 				}
-				_, log, db, err := open(c.Context(), env)
+				cfg, log, db, err := open(c.Context(), env)
 				if err != nil {
 					return err
 				}
 				defer db.Close()
-				if err := fn(c, services.NewWebhooks(db, log), id); errors.Is(err, services.ErrNotFound) {
+				if err := fn(c, services.NewWebhooks(db, log, cfg.WebhookAllowPrivate), id); errors.Is(err, services.ErrNotFound) {
 					return fmt.Errorf("no webhook endpoint %d (or it was deleted already)", id)
 				} else if err != nil {
 					return err

@@ -61,6 +61,10 @@ type DispatcherConfig struct {
 	Instance string
 	// Backoff replaces the retry schedule (tests); nil means the default schedule.
 	Backoff []time.Duration
+	// AllowPrivate lets deliveries connect to private addresses (IDEMGATE_WEBHOOK_ALLOW_PRIVATE);
+	// link-local, unspecified and multicast addresses, and loopback reached other than as
+	// 127.0.0.1, ::1 or localhost, are refused whatever it says (webhookAddrRefusal).
+	AllowPrivate bool
 }
 
 // Dispatcher delivers the webhook outbox (docs/reference.md §10): it claims due deliveries with
@@ -111,8 +115,14 @@ func NewDispatcher(db *models.DB, log *slog.Logger, cfg DispatcherConfig) *Dispa
 		d.instance = host + ":" + strconv.Itoa(os.Getpid())
 	}
 	d.lease = 3 * d.timeout
+	// Every connection is checked after DNS (webhookDialContext); deliveries go direct, never
+	// through an HTTP(S)_PROXY, whose address would be all the check saw.
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.Proxy = nil
+	transport.DialContext = webhookDialContext(d.timeout, cfg.AllowPrivate)
 	d.client = &http.Client{
-		Timeout: d.timeout,
+		Timeout:   d.timeout,
+		Transport: transport,
 		// SSRF: a receiver's redirect is never followed; a 3xx is a failed attempt, so an
 		// endpoint cannot bounce deliveries to an address its URL was not checked for.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

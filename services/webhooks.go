@@ -50,8 +50,11 @@ const maxWebhookURLBytes = 2048
 // an absolute https:// URL with a host, or http:// to a loopback host (127.0.0.0/8, ::1,
 // localhost) for receivers on the same machine; no user info, no fragment, at most 2048
 // bytes (docs/reference.md §10). Plain http to any other host is refused: the body and
-// signature would cross the network in clear.
-func ValidateWebhookURL(u string) string {
+// signature would cross the network in clear. A host written as an IP address must be one the
+// dispatcher may connect to (webhookAddrRefusal: no link-local, unspecified or multicast
+// address, loopback only as written above, private only when allowPrivate); a name is checked
+// again at every connection.
+func ValidateWebhookURL(u string, allowPrivate bool) string {
 	if u == "" {
 		return "is required"
 	}
@@ -83,6 +86,9 @@ func ValidateWebhookURL(u string) string {
 		}
 	} else if strings.HasSuffix(p.Host, ":") {
 		return "has an invalid port"
+	}
+	if why := webhookURLHostRefusal(host, allowPrivate); why != "" {
+		return "must not name an address that " + strings.TrimPrefix(why, "is ")
 	}
 	switch p.Scheme {
 	case "https":
@@ -167,10 +173,15 @@ func newWebhookSecret() string {
 type Webhooks struct {
 	db  *models.DB
 	log *slog.Logger
+	// allowPrivate lets endpoints name private addresses (IDEMGATE_WEBHOOK_ALLOW_PRIVATE).
+	allowPrivate bool
 }
 
-// NewWebhooks returns the webhook management service over db.
-func NewWebhooks(db *models.DB, log *slog.Logger) *Webhooks { return &Webhooks{db: db, log: log} }
+// NewWebhooks returns the webhook management service over db. allowPrivate lets endpoint URLs
+// name private addresses (ValidateWebhookURL; IDEMGATE_WEBHOOK_ALLOW_PRIVATE).
+func NewWebhooks(db *models.DB, log *slog.Logger, allowPrivate bool) *Webhooks {
+	return &Webhooks{db: db, log: log, allowPrivate: allowPrivate}
+}
 
 // WebhookEndpointInput is a new endpoint: the tenant's name, the URL and the comma-separated
 // event types.
@@ -213,7 +224,7 @@ func (w *Webhooks) CreateEndpoint(ctx context.Context, actor string, in WebhookE
 	if msg := ValidateTenantName(in.Tenant); msg != "" {
 		fe = append(fe, FieldError{Field: "tenant", Message: msg})
 	}
-	if msg := ValidateWebhookURL(in.URL); msg != "" {
+	if msg := ValidateWebhookURL(in.URL, w.allowPrivate); msg != "" {
 		fe = append(fe, FieldError{Field: "url", Message: msg})
 	}
 	events, msg := ParseWebhookEvents(in.Events)

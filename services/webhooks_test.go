@@ -8,8 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,17 +31,64 @@ func TestValidateWebhookURL(t *testing.T) {
 		"https://[2001:db8::1]/h",
 	}
 	for _, u := range ok {
-		require.Empty(t, ValidateWebhookURL(u), u)
+		require.Empty(t, ValidateWebhookURL(u, false), u)
 	}
 	bad := []string{
 		"", "http://example.com/hook", "http://10.0.0.1/", "ftp://example.com/", "hooks.example.com/x",
 		"https://user:pw@example.com/", "https://example.com/#frag", "https:///path", "https://exa mple.com/",
 		"https://example.com:99999/", "https://example.com:/", "javascript:alert(1)", "http://localhost.evil.com/",
 		"https://example.com/\x00", "http://0.0.0.0/", "//example.com/x", "https://" + strings.Repeat("a", 2100) + ".com/",
+		// Issue 28: the metadata service, loopback in another spelling, link-local with a
+		// zone, unspecified, private, multicast.
+		"https://169.254.169.254/latest/meta-data/", "http://[::ffff:127.0.0.1]:8080/", "https://[::ffff:7f00:1]/",
+		"https://[fe80::1%25eth0]/", "https://[::]/", "https://0.0.0.0/", "https://10.1.2.3/", "https://192.168.1.1/",
+		"https://172.16.0.1/", "https://100.64.0.1/", "https://[fd00::1]/", "https://224.0.0.1/",
 	}
 	for _, u := range bad {
-		require.NotEmpty(t, ValidateWebhookURL(u), u)
+		require.NotEmpty(t, ValidateWebhookURL(u, false), u)
 	}
+}
+
+// TestWebhookPrivateReceiversAllowedBySwitch: IDEMGATE_WEBHOOK_ALLOW_PRIVATE admits private
+// addresses and nothing else: link-local (metadata), unspecified and loopback in another
+// spelling stay refused.
+func TestWebhookPrivateReceiversAllowedBySwitch(t *testing.T) {
+	for _, u := range []string{"https://10.1.2.3/", "https://192.168.1.1/h", "https://[fd00::1]/", "https://100.64.0.1/"} {
+		require.NotEmpty(t, ValidateWebhookURL(u, false), u)
+		require.Empty(t, ValidateWebhookURL(u, true), u)
+	}
+	for _, u := range []string{"https://169.254.169.254/", "http://[::ffff:127.0.0.1]/", "https://[fe80::1%25eth0]/", "https://0.0.0.0/"} {
+		require.NotEmpty(t, ValidateWebhookURL(u, true), u)
+	}
+}
+
+// TestWebhookDialChecksEveryAddress: the dispatcher's dialer applies the rule to the address it
+// connects to, after DNS: localhost and 127.0.0.1 reach a receiver on this machine,
+// ::ffff:127.0.0.1 (the same socket) is refused before any byte is sent.
+func TestWebhookDialChecksEveryAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	dial := webhookDialContext(time.Second, false)
+	for _, host := range []string{"127.0.0.1", "localhost"} {
+		c, err := dial(bg, "tcp4", net.JoinHostPort(host, port))
+		require.NoError(t, err, host)
+		_ = c.Close()
+	}
+	_, err = dial(bg, "tcp", net.JoinHostPort("::ffff:127.0.0.1", port))
+	require.ErrorContains(t, err, "loopback")
+	_, err = webhookDialContext(time.Second, true)(bg, "tcp", "169.254.169.254:80")
+	require.ErrorContains(t, err, "link-local")
 }
 
 func TestParseWebhookEvents(t *testing.T) {
@@ -54,15 +104,24 @@ func TestParseWebhookEvents(t *testing.T) {
 // FuzzValidateWebhookURL: whatever the input, the validator answers without panicking, and an
 // accepted URL is https, or http to a loopback host.
 func FuzzValidateWebhookURL(f *testing.F) {
-	for _, s := range []string{"https://example.com/x", "http://127.0.0.1:1/", "http://[::1]/", "http://a/", "https://u@h/"} {
+	for _, s := range []string{"https://example.com/x", "http://127.0.0.1:1/", "http://[::1]/", "http://a/", "https://u@h/",
+		"https://169.254.169.254/", "http://[::ffff:127.0.0.1]:1/", "https://[fe80::1%25eth0]/", "https://10.0.0.1/"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, u string) {
-		if ValidateWebhookURL(u) != "" {
+		if ValidateWebhookURL(u, false) != "" {
 			return
 		}
 		if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "http://") {
 			t.Fatalf("accepted %q without an http(s) scheme", u)
+		}
+		// An accepted IP literal is one the dispatcher may connect to.
+		p, err := url.Parse(u)
+		if err != nil {
+			t.Fatalf("accepted %q that does not parse: %v", u, err)
+		}
+		if ip, err := netip.ParseAddr(p.Hostname()); err == nil && webhookAddrRefusal(p.Hostname(), ip, false) != "" {
+			t.Fatalf("accepted %q, an address the dispatcher refuses", u)
 		}
 	})
 }
@@ -94,7 +153,7 @@ func newEndpoint(t *testing.T, b *testBundle, url, events string) *CreatedWebhoo
 	t.Helper()
 	name, err := b.dash.TenantName(bg, b.p.TenantID)
 	require.NoError(t, err)
-	ep, err := NewWebhooks(b.db, b.auth.log).CreateEndpoint(bg, "tester", WebhookEndpointInput{Tenant: name, URL: url, Events: events})
+	ep, err := NewWebhooks(b.db, b.auth.log, false).CreateEndpoint(bg, "tester", WebhookEndpointInput{Tenant: name, URL: url, Events: events})
 	require.NoError(t, err)
 	return ep
 }
@@ -109,7 +168,7 @@ func outbox(t *testing.T, b *testBundle, id int64) []models.WebhookEvent {
 
 func TestWebhookEndpointsManage(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		wh := NewWebhooks(b.db, b.auth.log)
+		wh := NewWebhooks(b.db, b.auth.log, false)
 		name, err := b.dash.TenantName(bg, b.p.TenantID)
 		require.NoError(t, err)
 		_, err = wh.CreateEndpoint(bg, "tester", WebhookEndpointInput{Tenant: name + " ", URL: "https://e.example/x", Events: EventOperationUncertain})
@@ -362,22 +421,22 @@ func TestWebhookDelivery(t *testing.T) {
 		require.Nil(t, evs[0].ClaimedBy)
 		require.NotNil(t, evs[0].DeliveredAt)
 
-		dl, err := NewWebhooks(b.db, b.auth.log).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &b.p.TenantID}, "", 10)
+		dl, err := NewWebhooks(b.db, b.auth.log, false).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &b.p.TenantID}, "", 10)
 		require.NoError(t, err)
 		require.Len(t, dl, 1)
 		require.Equal(t, a.OperationID, dl[0].OperationID)
 		other := int64(-1)
-		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &other}, "", 10)
+		dl, err = NewWebhooks(b.db, b.auth.log, false).Deliveries(bg, &OperatorAccount{Role: RoleAuditor, TenantID: &other}, "", 10)
 		require.NoError(t, err)
 		require.Empty(t, dl, "a restricted account sees only its tenant's deliveries")
 		mine := &OperatorAccount{Role: RoleAuditor, TenantID: &b.p.TenantID}
-		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, mine, DeliveryFailed, 10)
+		dl, err = NewWebhooks(b.db, b.auth.log, false).Deliveries(bg, mine, DeliveryFailed, 10)
 		require.NoError(t, err)
 		require.Empty(t, dl, "filtered by status")
-		dl, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, mine, DeliveryDelivered, 10)
+		dl, err = NewWebhooks(b.db, b.auth.log, false).Deliveries(bg, mine, DeliveryDelivered, 10)
 		require.NoError(t, err)
 		require.Len(t, dl, 1)
-		_, err = NewWebhooks(b.db, b.auth.log).Deliveries(bg, mine, "lost", 10)
+		_, err = NewWebhooks(b.db, b.auth.log, false).Deliveries(bg, mine, "lost", 10)
 		require.True(t, isCode(err, CodeInvalidRequest))
 	})
 }
@@ -431,7 +490,7 @@ func TestWebhookDisabledAndDeleted(t *testing.T) {
 		rc := newReceiver(t, func(int) int { return http.StatusOK })
 		ep := newEndpoint(t, b, rc.srv.URL, EventOperationUncertain)
 		rc.setSecret(ep.Secret)
-		wh := NewWebhooks(b.db, b.auth.log)
+		wh := NewWebhooks(b.db, b.auth.log, false)
 		a := mustAcquire(t, b, "wh-paused", 600)
 		mustRecord(t, b, a, OutcomeInput{Status: StateUncertain})
 		require.NoError(t, wh.SetEndpointDisabled(bg, "tester", ep.Endpoint.ID, true))

@@ -56,7 +56,7 @@ func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 		DB:             sqlDB,
 		Pool:           db.Pool,
 		Sessions:       services.NewSessionStore(db),
-		Webhooks:       services.NewWebhooks(db, log),
+		Webhooks:       services.NewWebhooks(db, log, false),
 		// The deadline bounds each whole request, CPU work such as bcrypt included; under -race
 		// on shared cores that alone can take seconds. Tests of the deadline set their own.
 		StoreTimeout: 30 * time.Second,
