@@ -154,13 +154,27 @@ func TestBulkReconcileBrowser(t *testing.T) {
 	login(t, page, w.operator, w.password)
 	gotoPage(t, page, "/reconciliation")
 	must(t, expect.Locator(page.GetByTestId("queue-row")).ToHaveCount(2), "two rows")
+	// The form sits above the table, says how many rows are ticked, and "select every row on
+	// this page" ticks them all (issue 28 item 12).
+	formBox, err := page.GetByTestId("bulk-section").BoundingBox()
+	must(t, err, "bulk form box")
+	tableBox, err := page.GetByTestId("queue-table").BoundingBox()
+	must(t, err, "table box")
+	if formBox.Y > tableBox.Y {
+		t.Errorf("the bulk form is at y=%.0f, below the table at y=%.0f", formBox.Y, tableBox.Y)
+	}
+	must(t, expect.Locator(page.GetByTestId("bulk-count")).ToHaveText("0 selected"), "none ticked")
 	must(t, page.GetByTestId("queue-select").Nth(0).Check(), "select a")
-	must(t, page.GetByTestId("queue-select").Nth(1).Check(), "select b")
+	must(t, expect.Locator(page.GetByTestId("bulk-count")).ToHaveText("1 selected"), "one ticked")
+	must(t, page.GetByTestId("queue-select-all").Check(), "select every row on the page")
+	must(t, expect.Locator(page.GetByTestId("bulk-count")).ToHaveText("2 selected"), "both ticked")
+	must(t, expect.Locator(page.GetByTestId("queue-select").Nth(1)).ToBeChecked(), "b ticked by select-all")
 	must(t, page.GetByTestId("bulk-status-failed").Check(), "failed")
 	must(t, page.GetByTestId("bulk-note").Fill("bank export: both declined"), "note")
 	must(t, page.GetByTestId("bulk-submit").Click(), "submit")
 	must(t, expect.Locator(page.Locator("[data-testid=job-row][data-result=done]")).ToHaveCount(2), "both done")
 	must(t, expect.Locator(page.GetByTestId("job-actor")).ToHaveText(w.operator), "recorded as the operator")
+	must(t, expect.Locator(page.GetByTestId("job-key")).ToHaveText([]string{a.Key, b.Key}), "the job lists keys")
 	for _, x := range []acquireResp{a, b} {
 		if op := getOperationAs(t, w, x.OperationID); op.State != "failed" {
 			t.Errorf("%s is %s, want failed", x.Key, op.State)

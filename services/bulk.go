@@ -506,3 +506,38 @@ func (ds *Dashboard) JobForOperator(ctx context.Context, acct *OperatorAccount, 
 	}
 	return ds.loadJob(ctx, u.String())
 }
+
+// JobOperation names one operation of a job for its page: the idempotency key and the
+// tenant's name.
+type JobOperation struct {
+	Key    string
+	Tenant string
+}
+
+// JobOperations returns, for the operation ids of a job (at most MaxBulkOperations), the key
+// and tenant of each one acct may see, so the job page lists keys rather than bare ids
+// (issue 28). An id acct may not see, or whose operation retention purged, is absent.
+// Errors: ErrStoreUnavailable.
+func (ds *Dashboard) JobOperations(ctx context.Context, acct *OperatorAccount, ids []string) (map[string]JobOperation, error) {
+	out := make(map[string]JobOperation, len(ids))
+	if acct == nil || len(ids) == 0 {
+		return out, nil
+	}
+	var rows []struct {
+		ID     string
+		Key    string
+		Tenant string
+	}
+	q := ds.db.WithContext(ctx).Table("operations o").Select("o.id, o.key, t.name AS tenant").
+		Joins("JOIN tenants t ON t.id = o.tenant_id").Where("o.id IN ?", ids[:min(len(ids), MaxBulkOperations)])
+	if acct.TenantID != nil {
+		q = q.Where("o.tenant_id = ?", *acct.TenantID)
+	}
+	if err := q.Scan(&rows).Error; err != nil {
+		return nil, storeError("get job operations", err)
+	}
+	for _, r := range rows {
+		out[r.ID] = JobOperation{Key: r.Key, Tenant: r.Tenant}
+	}
+	return out, nil
+}

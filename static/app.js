@@ -102,9 +102,35 @@
     }
   }
 
+  // The queue's bulk form: the header's "select every row on this page" box (hidden without
+  // JavaScript, where it could do nothing) and the count of ticked rows beside "The selected
+  // rows", so an operator sees how many a job will take before submitting.
+  function bulkSelection(root) {
+    var all = root.querySelector("[data-select-all]");
+    var count = root.querySelector("[data-bulk-count]");
+    var boxes = root.querySelectorAll('input[name="operation_ids"][form="bulk-form"]');
+    if (!all || !boxes.length || all.hasAttribute("data-ready")) return;
+    all.setAttribute("data-ready", "1");
+    function update() {
+      var n = 0;
+      for (var i = 0; i < boxes.length; i++) if (boxes[i].checked) n++;
+      if (count) count.textContent = n + " selected";
+      all.checked = n === boxes.length;
+      all.indeterminate = n > 0 && n < boxes.length;
+    }
+    all.hidden = false;
+    all.addEventListener("change", function () {
+      for (var i = 0; i < boxes.length; i++) boxes[i].checked = all.checked;
+      update();
+    });
+    for (var i = 0; i < boxes.length; i++) boxes[i].addEventListener("change", update);
+    update();
+  }
+
   function enhance() {
     localTitles(document);
     copyButtons(document);
+    bulkSelection(document);
   }
 
   document.addEventListener("htmx:afterSettle", enhance);

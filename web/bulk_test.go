@@ -172,6 +172,12 @@ func TestDashboardBulkReconcile(t *testing.T) {
 		})
 		require.Equal(t, map[string]string{one.OperationID: "done", two.OperationID: "skipped"}, results)
 		require.Contains(t, job.testid("job-row").Last().Text(), "no longer uncertain")
+		// The page names the job by the caller's job_id and each operation by its key, not by
+		// internal ids (issue 28 item 12).
+		require.Equal(t, token, strings.TrimSpace(job.testid("job-id").Text()))
+		keys := []string{}
+		job.testid("job-key").Each(func(_ int, s *goquery.Selection) { keys = append(keys, strings.TrimSpace(s.Text())) })
+		require.Equal(t, []string{one.Key, two.Key}, keys)
 		require.Equal(t, f.restricted, strings.TrimSpace(job.testid("job-actor").Text()))
 		require.Equal(t, f.restricted, f.opDetail(t, f.pA, one.OperationID).Outcome.RecordedBy)
 

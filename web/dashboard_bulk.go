@@ -101,16 +101,25 @@ func handleJobPage(s *Server) fiber.Handler {
 		if err != nil {
 			return err
 		}
-		p := views.JobProps{Nav: nav, ID: job.ID, Actor: job.Actor, Status: job.Status, Outcome: job.Outcome, Note: job.Note,
+		p := views.JobProps{Nav: nav, JobID: job.JobID, ShowTenant: services.SeesAllTenants(acct), Actor: job.Actor, Status: job.Status, Outcome: job.Outcome, Note: job.Note,
 			Total: strconv.Itoa(job.Total), Done: strconv.Itoa(job.Done), Skipped: strconv.Itoa(job.Skipped),
 			Limited: job.Limited, QueueURL: queueURL, Selection: "Selected operations"}
 		if job.Selection == services.SelectionFilter {
 			p.Selection = "Every operation matching the filter"
 		}
 		p.CreatedAt, p.CreatedISO = opPageTime(job.CreatedAt)
+		ids := make([]string, 0, len(job.Items))
 		for _, it := range job.Items {
+			ids = append(ids, it.OperationID)
+		}
+		named, err := s.dash.JobOperations(c.UserContext(), acct, ids)
+		if err != nil {
+			return err
+		}
+		for _, it := range job.Items {
+			n := named[it.OperationID]
 			p.Items = append(p.Items, views.JobItemRow{OperationID: it.OperationID, URL: operationURL(it.OperationID),
-				Result: it.Result, Detail: it.Detail})
+				Key: n.Key, Tenant: n.Tenant, Result: it.Result, Detail: it.Detail})
 		}
 		return render(c, fiber.StatusOK, views.JobPage(p))
 	}
