@@ -134,6 +134,16 @@ func TestPagesAccessible(t *testing.T) {
 			if n > width {
 				t.Errorf("%s at %d px: the page is %d px wide (scrolls sideways)", name, width, n)
 			}
+			// The identifying column stays readable (issue 28: keys wrapped 3-6 characters a
+			// line): its cells are at least 150 px wide, about 18 characters, the table
+			// scrolling sideways in its region instead.
+			narrowest, err := page.Evaluate(`() => Math.min(1e9, ...Array.from(document.querySelectorAll("td.cell-key, td.cell-url"), e => e.getBoundingClientRect().width))`)
+			must(t, err, "key cell widths")
+			if w, ok := narrowest.(float64); ok && w < 150 {
+				t.Errorf("%s at %d px: a key or URL cell is %.0f px wide", name, width, w)
+			} else if i, ok := narrowest.(int); ok && i < 150 {
+				t.Errorf("%s at %d px: a key or URL cell is %d px wide", name, width, i)
+			}
 		}
 		docShot(t, page, name, widthName)
 	}
