@@ -83,6 +83,9 @@ func newRoot(env Env) *cobra.Command {
 			fmt.Fprint(cmd.OutOrStdout(), "\n"+variablesHelp())
 		}
 	})
+	// Cobra adds its completion command only when executing; adding it now lets the walk below
+	// make it a group like the others (`idemgate completion bogus` printed help, exit 0).
+	root.InitDefaultCompletionCmd()
 	var groups func(*cobra.Command)
 	groups = func(cmd *cobra.Command) {
 		for _, c := range cmd.Commands() {

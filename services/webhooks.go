@@ -88,7 +88,7 @@ func ValidateWebhookURL(u string, allowPrivate bool) string {
 		return "has an invalid port"
 	}
 	if why := webhookURLHostRefusal(host, allowPrivate); why != "" {
-		return "must not name an address that " + strings.TrimPrefix(why, "is ")
+		return "must not name " + why
 	}
 	switch p.Scheme {
 	case "https":

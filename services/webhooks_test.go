@@ -43,9 +43,23 @@ func TestValidateWebhookURL(t *testing.T) {
 		"https://169.254.169.254/latest/meta-data/", "http://[::ffff:127.0.0.1]:8080/", "https://[::ffff:7f00:1]/",
 		"https://[fe80::1%25eth0]/", "https://[::]/", "https://0.0.0.0/", "https://10.1.2.3/", "https://192.168.1.1/",
 		"https://172.16.0.1/", "https://100.64.0.1/", "https://[fd00::1]/", "https://224.0.0.1/",
+		// Found by trying odd spellings: numeric IPv4 that resolvers accept, a trailing dot,
+		// fullwidth digits, names of this machine, IPv4 carried in IPv6 (SIIT, compatible,
+		// NAT64, 6to4), 0.0.0.0/8, reserved and broadcast, benchmarking, site-local.
+		"https://2130706433/", "https://0x7f.1/", "https://0177.0.0.1/", "https://017700000001/", "https://0/",
+		"https://169.254.169.254./", "https://127.0.0.1./", "https://\uff10x7f.1/", "https://localhost./",
+		"https://foo.localhost/", "https://[::169.254.169.254]/", "https://[64:ff9b::169.254.169.254]/",
+		"https://[2002:a9fe:a9fe::]/", "https://[::ffff:0:169.254.169.254]/", "https://[::ffff:0:7f00:1]/",
+		"https://0.1.2.3/", "https://255.255.255.255/", "https://240.0.0.1/", "https://198.18.0.1/", "https://[fec0::1]/",
 	}
 	for _, u := range bad {
-		require.NotEmpty(t, ValidateWebhookURL(u, false), u)
+		msg := ValidateWebhookURL(u, false)
+		require.NotEmpty(t, msg, u)
+		require.NotContains(t, msg, "that a", "the message reads as a sentence: %s", msg)
+	}
+	// Public addresses, and IPv6 forms that carry a public IPv4 one, stay allowed.
+	for _, u := range []string{"https://93.184.215.14/", "https://[64:ff9b::5db8:d70e]/", "https://[2002:5db8:d70e::1]/", "https://example.com./"} {
+		require.Empty(t, ValidateWebhookURL(u, false), u)
 	}
 }
 
