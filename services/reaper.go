@@ -22,8 +22,7 @@ const reapBatch = 500
 // On SQLite a batch holds the only write lock, which every acquire waits for: the batch is a
 // tenth, so an acquire arriving mid-purge waits for about 10 ms rather than 100 (make scale
 // DB=sqlite N=20000: acquires' p99 beside the purge was 37 times their p99 without it at
-// 1,000, 27 times at 100 — still 132 ms: the purge's candidate scan, not the batch's deletes,
-// now holds the lock longest; not yet profiled).
+// 1,000, 27 times at 100 — still 132 ms; what holds the lock that long is not yet profiled).
 func purgeBatch(d models.Dialect) int {
 	if d == models.SQLite {
 		return 100
