@@ -61,18 +61,27 @@ func TestDashboardWebhooks(t *testing.T) {
 		require.Less(t, strings.Index(res.body, `data-testid="flash"`), secretAt)
 		require.Less(t, secretAt, strings.Index(res.body, `class="card admin-section"`))
 
+		// Other tests share the database and add endpoints too: this test's row is found by
+		// its URL, never by position (a parallel test's newer endpoint was first, and this
+		// test deleted it).
+		myRow := func(p dashPage) *goquery.Selection {
+			return p.testid("webhook-row").FilterFunction(func(_ int, s *goquery.Selection) bool {
+				return opSelText(s.Find(`[data-testid="webhook-url"]`)) == rc.URL+"/hook"
+			})
+		}
 		page = b.get("/admin")
 		require.NotContains(t, page.body, secret, "shown once")
 		require.NotContains(t, page.body, "whsec_")
-		row := page.testid("webhook-row").First()
+		row := myRow(page)
+		require.Equal(t, 1, row.Length())
 		require.Equal(t, rc.URL+"/hook", opSelText(row.Find(`[data-testid="webhook-url"]`)))
 		require.Equal(t, "active", opSelText(row.Find(`[data-testid="webhook-status"]`)))
 		toggle := formAction(t, row, "webhook-toggle")
 		res = b.post(toggle, url.Values{"_csrf": {page.csrf(t)}})
 		require.Equal(t, http.StatusSeeOther, res.status, res.body)
 		page = b.get("/admin")
-		require.Equal(t, "disabled", opSelText(page.testid("webhook-row").First().Find(`[data-testid="webhook-status"]`)))
-		res = b.post(formAction(t, page.testid("webhook-row").First(), "webhook-toggle"), url.Values{"_csrf": {page.csrf(t)}})
+		require.Equal(t, "disabled", opSelText(myRow(page).Find(`[data-testid="webhook-status"]`)))
+		res = b.post(formAction(t, myRow(page), "webhook-toggle"), url.Values{"_csrf": {page.csrf(t)}})
 		require.Equal(t, http.StatusSeeOther, res.status, res.body)
 
 		// An uncertain operation of tenant A, one failed attempt.
@@ -128,7 +137,7 @@ func TestDashboardWebhooks(t *testing.T) {
 		require.Contains(t, opSelText(ov.testid("overview-oldest-uncertain")), "Oldest uncertain:")
 
 		page = b.get("/admin")
-		del := formAction(t, page.testid("webhook-row").First(), "webhook-delete")
+		del := formAction(t, myRow(page), "webhook-delete")
 		require.Equal(t, http.StatusBadRequest, b.post(del, url.Values{"_csrf": {page.csrf(t)}}).status, "confirmation required")
 		require.Equal(t, http.StatusSeeOther, b.post(del, url.Values{"_csrf": {page.csrf(t)}, "confirm": {"yes"}}).status)
 		page = b.get("/admin")
