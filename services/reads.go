@@ -370,10 +370,21 @@ func (rd *Reads) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilt
 //     rather than operation ids on purpose: PostgreSQL estimates an id match as one row in
 //     millions and then hash-joins every key; a token match it estimates as likely, and walks.
 func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q *gorm.DB, atCol, idCol string) {
+	// On PostgreSQL each join is a LATERAL subquery with OFFSET 0, which the planner cannot
+	// flatten: it is run for each row of the walk, a probe of the other table's primary key.
+	// A plain join left the planner free to hash both tables whenever the filter's rows were
+	// near the statement's LIMIT, which the capped count's is (CountKeys): at 200,000 keys the
+	// count of 10,121 released keys read every key and every operation, 163 ms, and a page
+	// filtered by state took 6.5 times its time at 10,000 keys (make scale).
+	pg := tx.Dialector.Name() == "postgres"
 	if f.State != "" && f.State != StateSucceeded {
-		q = tx.Table("operations AS o").
-			Joins("JOIN idem_keys ON idem_keys.id = o.key_id AND idem_keys.fencing_token = o.fencing_token").
-			Where("o.state = ?", f.State)
+		q = tx.Table("operations AS o")
+		if pg {
+			q = q.Joins("JOIN LATERAL (SELECT * FROM idem_keys k WHERE k.id = o.key_id AND k.fencing_token = o.fencing_token OFFSET 0) AS idem_keys ON true")
+		} else {
+			q = q.Joins("JOIN idem_keys ON idem_keys.id = o.key_id AND idem_keys.fencing_token = o.fencing_token")
+		}
+		q = q.Where("o.state = ?", f.State)
 		if tenantID != nil {
 			q = q.Where("o.tenant_id = ?", *tenantID)
 		}
@@ -384,7 +395,11 @@ func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q
 			q = q.Where("idem_keys.tenant_id = ?", *tenantID)
 		}
 		if f.State != "" || f.Operation != "" {
-			q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
+			if pg {
+				q = q.Joins("JOIN LATERAL (SELECT * FROM operations o WHERE o.id = idem_keys.last_operation_id OFFSET 0) AS o ON true")
+			} else {
+				q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
+			}
 			if f.State != "" {
 				q = q.Where("o.state = ?", f.State)
 			}

@@ -17,10 +17,10 @@ import (
 // drain reaps until no hold of any tenant expires within the next two seconds, so holds that
 // earlier tests left behind cannot expire during the test and skew its counts. It gives up when
 // 5 seconds pass without a pass that expired anything, not 5 seconds in all: a backlog of
-// short-TTL holds from earlier tests takes a pass of one transaction per hold, which on SQLite
-// under -race on a loaded machine ran past a fixed 5 seconds ("162 holds keep expiring", with
-// the reaper still at work). A bound in all (two minutes) remains for a test that left
-// something acquiring.
+// short-TTL holds from earlier tests took a pass of one transaction per hold (before
+// reapTxBatch), which on SQLite under -race on a loaded machine ran past a fixed 5 seconds
+// ("162 holds keep expiring", with the reaper still at work). A bound in all (two minutes)
+// remains for a test that left something acquiring.
 func drain(t *testing.T, b *testBundle) {
 	t.Helper()
 	giveUp := time.Now().Add(2 * time.Minute)

@@ -275,7 +275,7 @@ func isRetryable(err error) bool {
 	return pe.Code == "40001" || pe.Code == "40P01"
 }
 
-// deadlocks counts the acquire statements PostgreSQL chose as a deadlock's victim in this
+// deadlocks counts the statements (acquires, reaper transactions) PostgreSQL chose as a deadlock's victim in this
 // process, for the test that proves the canonical lock order (none happen).
 var deadlocks atomic.Int64
 

@@ -20,7 +20,7 @@ type KeysProps struct {
 	Filter     KeysFilter
 	Rows       []KeyRow
 	// Total says how many keys match the filter on all pages, with thousands separators:
-	// "2,345 keys.", "1 key matches the filter.", "10,000+ keys." past the count's cap.
+	// "2,345 keys.", "1 key matches the filter.", "1,000+ keys." past the count's cap.
 	Total string
 	// NewestURL links back to the first page; "" when this is the first page.
 	NewestURL string

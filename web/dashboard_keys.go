@@ -324,7 +324,7 @@ func formatTTL(d time.Duration) string {
 }
 
 // keyTotal words the Keys page's total: "2,345 keys.", "1 key matches the filter.",
-// "10,000+ keys." when the count stopped at its cap (services.KeyCountCap).
+// "1,000+ keys." when the count stopped at its cap (services.KeyCountCap).
 func keyTotal(n services.KeyCount, filtered bool) string {
 	s := humanize.Comma(n.N)
 	if n.Capped {

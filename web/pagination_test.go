@@ -149,7 +149,7 @@ func TestKeyTotalWording(t *testing.T) {
 		"1 key.":                       {services.KeyCount{N: 1}, false},
 		"1 key matches the filter.":    {services.KeyCount{N: 1}, true},
 		"2,345 keys match the filter.": {services.KeyCount{N: 2345}, true},
-		"10,000+ keys.":                {services.KeyCount{N: services.KeyCountCap, Capped: true}, false},
+		"1,000+ keys.":                 {services.KeyCount{N: services.KeyCountCap, Capped: true}, false},
 	} {
 		require.Equal(t, want, keyTotal(in.n, in.filtered))
 	}

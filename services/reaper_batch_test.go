@@ -1,0 +1,100 @@
+package services
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/idemgate/idemgate/models"
+	"github.com/stretchr/testify/require"
+)
+
+// The reaper expires holds many to a transaction (reapTxBatch), locking their key rows in the
+// order batch acquires lock theirs. Here a pass over 300 expired holds runs while 8 callers take
+// the same keys over in shuffled batches (a takeover locks the key row, then marks the old
+// operation uncertain, as the reaper does): no deadlock, and every old operation is expired
+// exactly once, by whichever came first.
+func TestReaperBatchesBesideBatchTakeovers(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		drain(t, b)
+		const nKeys, callers, rounds, per = 300, 8, 6, 40
+		items := make([]AcquireInput, nKeys)
+		for i := range items {
+			items[i] = AcquireInput{Key: fmt.Sprintf("reap-batch:%03d", i), TTLSeconds: 1}
+		}
+		first := map[string]string{} // key -> the operation the reaper or a takeover expires
+		out, err := b.adm.AcquireBatch(bg, b.p, items)
+		require.NoError(t, err)
+		for i, it := range out {
+			require.NoError(t, it.Err)
+			require.True(t, it.Acquisition.Admitted)
+			first[items[i].Key] = it.Acquisition.OperationID
+		}
+		waitExpiry()
+
+		before := deadlocks.Load()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		again := map[string]bool{} // keys admitted again (fencing token 2), after the reaper or by a takeover
+		errs := make(chan error, callers*rounds+1)
+		wg.Add(1)
+		var res ReapResult
+		go func() {
+			defer wg.Done()
+			var err error
+			if res, err = b.reaper.RunOnce(bg); err != nil {
+				errs <- err
+			}
+		}()
+		for c := 0; c < callers; c++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := 0; r < rounds; r++ {
+					batch := make([]AcquireInput, per)
+					for i, j := range rand.Perm(nKeys)[:per] {
+						batch[i] = AcquireInput{Key: items[j].Key, TTLSeconds: 600}
+					}
+					out, err := b.adm.AcquireBatch(bg, b.p, batch)
+					if err != nil {
+						errs <- err
+						continue
+					}
+					for _, it := range out {
+						if it.Err != nil {
+							errs <- it.Err
+						} else if it.Acquisition.Admitted && it.Acquisition.FencingToken == 2 {
+							mu.Lock()
+							if again[it.Acquisition.Key] {
+								errs <- fmt.Errorf("%s admitted twice at fencing token 2", it.Acquisition.Key)
+							}
+							again[it.Acquisition.Key] = true
+							mu.Unlock()
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		require.Zero(t, deadlocks.Load()-before, "deadlocks between the reaper and batches")
+		// The reaper scanned every expired hold, so a key no batch admitted again was reaped.
+		require.GreaterOrEqual(t, res.HoldsExpired, int64(nKeys-len(again)), "reaped %d, admitted again %d", res.HoldsExpired, len(again))
+		require.LessOrEqual(t, res.HoldsExpired, int64(nKeys))
+		require.EqualValues(t, res.HoldsExpired, res.MarkedUncertain)
+		for key, opID := range first {
+			m := opRow(t, b, opID)
+			require.Equal(t, StateUncertain, m.State, key)
+			var events int64
+			require.NoError(t, b.db.Model(&models.Event{}).Where("operation_id = ?", opID).Count(&events).Error)
+			require.EqualValues(t, 1, events, "%s: expired once", key)
+			if k := keyRow(t, b, key); !again[key] {
+				require.Nil(t, k.HolderOperationID, key)
+			}
+		}
+	})
+}
