@@ -238,3 +238,46 @@ func TestAuditExportPagesThroughEveryRow(t *testing.T) {
 		require.Equal(t, want, keys)
 	})
 }
+
+// The Audit page walks the range newest first only until it has seen one key more than a page
+// holds, then reads its keys' counts over the whole range: "early" has two duplicates older
+// than everything the walk reads and one newer, and all three are counted.
+func TestAuditPageCountsWhatItsWalkDidNotRead(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		early := AcquireInput{Key: "early", TTLSeconds: 600}
+		for range 3 { // admitted, then two duplicates
+			_, err := b.adm.Acquire(bg, b.p, early)
+			require.NoError(t, err)
+		}
+		const n = MaxAuditGroups + 1
+		many := make([]AcquireInput, n)
+		for i := range many {
+			many[i] = AcquireInput{Key: fmt.Sprintf("many:%03d", i), TTLSeconds: 600}
+		}
+		for range 3 { // admitted, then two duplicates each: more rows than one walk statement reads
+			for _, part := range [][]AcquireInput{many[:300], many[300:]} {
+				out, err := b.adm.AcquireBatch(bg, b.p, part)
+				require.NoError(t, err)
+				for _, it := range out {
+					require.NoError(t, it.Err)
+				}
+			}
+		}
+		_, err := b.adm.Acquire(bg, b.p, early) // the newest duplicate of all
+		require.NoError(t, err)
+
+		rep, err := b.audit.Report(bg, &b.p.TenantID, AuditFilter{})
+		require.NoError(t, err)
+		require.True(t, rep.Truncated, "more keys than a page")
+		require.Len(t, rep.Groups, MaxAuditGroups)
+		g := rep.Groups[0]
+		require.Equal(t, "early", g.Key)
+		require.EqualValues(t, 3, g.Duplicates)
+		require.True(t, g.FirstAt.Before(g.LastAt))
+		for _, g := range rep.Groups[1:] {
+			require.EqualValues(t, 2, g.Duplicates, g.Key)
+			require.True(t, !g.LastAt.After(rep.Groups[0].LastAt))
+		}
+	})
+}
