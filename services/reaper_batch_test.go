@@ -3,11 +3,14 @@ package services
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 )
 
 // The reaper expires holds many to a transaction (reapTxBatch), locking their key rows in the
@@ -95,6 +98,50 @@ func TestReaperBatchesBesideBatchTakeovers(t *testing.T) {
 			if k := keyRow(t, b, key); !again[key] {
 				require.Nil(t, k.HolderOperationID, key)
 			}
+		}
+	})
+}
+
+// One purge pass walks the candidates in batches, each scan going on from where the last
+// ended (keyset on ended_at, id), past operations it must keep: here more than two batches
+// of released operations and every tenth a failed one still holding its key, all ended at the
+// same instant, so that the walk's order rests on the id alone.
+func TestPurgeWalksEveryBatchPastKeptOperations(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		drain(t, b)
+		n := 2*purgeBatch(b.db.Dialect) + 50
+		items := make([]AcquireInput, 0, MaxBatchItems)
+		for i := 0; i < n; i++ {
+			items = append(items, AcquireInput{Key: fmt.Sprintf("purge-walk:%05d", i), TTLSeconds: 600})
+			if len(items) == MaxBatchItems || i == n-1 {
+				out, err := b.adm.AcquireBatch(bg, b.p, items)
+				require.NoError(t, err)
+				for _, it := range out {
+					require.NoError(t, it.Err)
+				}
+				items = items[:0]
+			}
+		}
+		old := time.Now().UTC().Add(-DefaultRetention - time.Hour)
+		ended := b.db.Model(&models.Operation{}).Where("tenant_id = ? AND key LIKE 'purge-walk:%'", b.p.TenantID)
+		require.NoError(t, ended.Session(&gorm.Session{}).Where("key NOT LIKE '%0'").
+			Updates(map[string]any{"state": StateReleased, "ended_at": old}).Error)
+		require.NoError(t, ended.Session(&gorm.Session{}).Where("key LIKE '%0'").
+			Updates(map[string]any{"state": StateFailed, "ended_at": old}).Error)
+		require.NoError(t, b.db.Model(&models.IdemKey{}).
+			Where("tenant_id = ? AND key LIKE 'purge-walk:%' AND key NOT LIKE '%0'", b.p.TenantID).
+			Updates(map[string]any{"holder_operation_id": nil, "expires_at": nil}).Error)
+
+		res, err := b.reaper.RunOnce(bg)
+		require.NoError(t, err)
+		kept := (n + 9) / 10
+		require.EqualValues(t, n-kept, res.OperationsPurged)
+		var left []string
+		require.NoError(t, b.db.Model(&models.Operation{}).Where("tenant_id = ? AND key LIKE 'purge-walk:%'", b.p.TenantID).
+			Order("key").Pluck("key", &left).Error)
+		require.Len(t, left, kept)
+		for _, k := range left {
+			require.True(t, strings.HasSuffix(k, "0"), "%s was kept: it does not hold its key", k)
 		}
 	})
 }
