@@ -100,6 +100,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (res ReapResult, err error) {
 // expireHolds, which also clears their holds. Each change is a compare on state and lease, so a
 // renew or an outcome committed since the scan wins.
 func (r *Reaper) expireLeases(ctx context.Context, res *ReapResult) error {
+	var after *models.Operation
 	for {
 		scanCtx, cancel := r.db.Bounded(ctx)
 		db := r.db.WithContext(scanCtx)
@@ -108,11 +109,20 @@ func (r *Reaper) expireLeases(ctx context.Context, res *ReapResult) error {
 			cancel()
 			return err
 		}
+		// Keyset on (lease_expires_at, id), for the reason expireHolds gives: the operations
+		// made uncertain leave operations_lease as dead entries.
+		q := db.Select("id", "tenant_id", "lease_expires_at").
+			Where("state = ? AND lease_expires_at <= ? AND lease_expires_at < expires_at", StateInProgress, now)
+		if after != nil {
+			q = q.Where("lease_expires_at >= ? AND (lease_expires_at, id) > (?, ?)", *after.LeaseExpiresAt, *after.LeaseExpiresAt, after.ID)
+		}
 		var ops []models.Operation
-		err = db.Select("id", "tenant_id").
-			Where("state = ? AND lease_expires_at <= ? AND lease_expires_at < expires_at", StateInProgress, now).
-			Order("lease_expires_at").Limit(reapBatch).Find(&ops).Error
+		err = q.Order("lease_expires_at, id").Limit(reapBatch).Find(&ops).Error
 		cancel()
+		if len(ops) > 0 {
+			last := ops[len(ops)-1]
+			after = &last
+		}
 		if err != nil {
 			return err
 		}
@@ -143,6 +153,7 @@ func (r *Reaper) expireLeases(ctx context.Context, res *ReapResult) error {
 }
 
 func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
+	var after *models.IdemKey
 	for {
 		// Every statement of the pass has a deadline (the store timeout; each transaction below
 		// gets its own through Tx), so a stalled connection fails the pass, which is logged and
@@ -154,12 +165,25 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 			cancel()
 			return err
 		}
+		// Each scan goes on from where the last one ended (keyset on expires_at, id): the holds
+		// the last batch cleared stay in idem_keys_expiring as dead entries until a vacuum, and
+		// a scan from the start stepped over all of them again, so a backlog took time growing
+		// with its square (make scale, 190,000 expired holds: 2,070 cleared a second, against
+		// 13,000 for 9,500). No hold appears behind the cursor: a new or renewed one expires
+		// after the pass's first now.
+		q := db.Where("holder_operation_id IS NOT NULL AND expires_at <= ?", now)
+		if after != nil {
+			q = q.Where("expires_at >= ? AND (expires_at, id) > (?, ?)", *after.ExpiresAt, *after.ExpiresAt, after.ID)
+		}
 		var ks []models.IdemKey
-		err = db.Where("holder_operation_id IS NOT NULL AND expires_at <= ?", now).
-			Order("expires_at").Limit(reapBatch).Find(&ks).Error
+		err = q.Order("expires_at, id").Limit(reapBatch).Find(&ks).Error
 		cancel()
 		if err != nil {
 			return err
+		}
+		if len(ks) > 0 {
+			last := ks[len(ks)-1]
+			after = &last
 		}
 		if r.afterScan != nil {
 			r.afterScan()

@@ -145,3 +145,37 @@ func TestPurgeWalksEveryBatchPastKeptOperations(t *testing.T) {
 		}
 	})
 }
+
+// One reaper pass clears a backlog of expired holds larger than its scan, each scan going on
+// from where the last ended (keyset on expires_at, id): here more than two scans' worth, all
+// expired at the same instant, so that the walk's order rests on the key row id alone.
+func TestReaperClearsABacklogInOnePass(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		drain(t, b)
+		n := 2*reapBatch + 100
+		items := make([]AcquireInput, 0, MaxBatchItems)
+		for i := 0; i < n; i++ {
+			items = append(items, AcquireInput{Key: fmt.Sprintf("backlog:%05d", i), TTLSeconds: 600})
+			if len(items) == MaxBatchItems || i == n-1 {
+				out, err := b.adm.AcquireBatch(bg, b.p, items)
+				require.NoError(t, err)
+				for _, it := range out {
+					require.NoError(t, it.Err)
+				}
+				items = items[:0]
+			}
+		}
+		past := time.Now().UTC().Add(-time.Minute)
+		require.NoError(t, b.db.Model(&models.IdemKey{}).Where("tenant_id = ? AND key LIKE 'backlog:%'", b.p.TenantID).
+			Update("expires_at", past).Error)
+
+		res, err := b.reaper.RunOnce(bg)
+		require.NoError(t, err)
+		require.EqualValues(t, n, res.HoldsExpired)
+		require.EqualValues(t, n, res.MarkedUncertain)
+		var held int64
+		require.NoError(t, b.db.Model(&models.IdemKey{}).
+			Where("tenant_id = ? AND key LIKE 'backlog:%' AND holder_operation_id IS NOT NULL", b.p.TenantID).Count(&held).Error)
+		require.Zero(t, held)
+	})
+}
