@@ -21,12 +21,11 @@
 #
 # Time: seeding is bounded by outcomes, one HTTP call and one commit per key, and by the CPU
 # they take: on the shared 2-core machine this is built on, the cores are busy throughout (per
-# key about 1.2-1.6 ms of PostgreSQL's CPU and 1 ms of idemgate's). Measured there: 616 keys/s
-# on PostgreSQL at N=200000 (833 at first, 630 by the end), about 470 on SQLite; and the reaper
-# pass after the seed, which clears each expired hold in a transaction of its own, about 1,050
-# holds a second. So at N=10000000 the seed takes about 4.5 hours, its reaper pass 2.5 more, and
-# the whole run 7-8 hours; N=200000 took 10.5 minutes, N=20000 2 minutes. The design does not
-# change with N.
+# key about 1.2-1.6 ms of PostgreSQL's CPU and 1 ms of idemgate's). Measured there: 790-980
+# keys/s on PostgreSQL at N=200000, about 470 on SQLite; and the reaper pass after the seed
+# about 6,750 holds a second (1,050 before December 2026, when it took one transaction per
+# hold). So at N=10000000 the seed takes about 3 hours and the whole run 3.5-4; N=200000 took
+# 6.5 minutes, N=20000 2 minutes. The design does not change with N.
 #
 # Everything is on loopback, every step is bounded in time, and the servers, the webhook
 # receiver, the databases and the temp dir go at exit, also on failure or Ctrl-C.

@@ -215,7 +215,8 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 // ended (a succeeded operation holds its key until the TTL), and clearing such holds one at a
 // time (an update and a read of the operation each) ran at about 1,050 a second, and at about
 // 1,230 with 100 to a transaction (make scale's reaper pass at 200,000 keys): fewer than a
-// service admitting 1,500 keys a second creates. The key rows are first locked in (tenant, key)
+// service admitting 1,500 keys a second creates. A chunk per statement: 6,750 a second there
+// (with migration 00016's jit = off), 15,500 over 9,500 holds. The key rows are first locked in (tenant, key)
 // order, the order batch acquires lock theirs (acquireMany), and the operations after them, as
 // every writer does, so the chunk cannot close a cycle of lock waits with a batch, a release or
 // a takeover.
