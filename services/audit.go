@@ -422,13 +422,6 @@ GROUP BY k.tenant_id, k.key`, ResultDuplicate, ResultConflict, tenantIDs, keys, 
 	return rep, nil
 }
 
-func minTime(a, b time.Time) time.Time {
-	if a.IsZero() || b.Before(a) {
-		return b
-	}
-	return a
-}
-
 func maxTime(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
