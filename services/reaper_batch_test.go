@@ -171,8 +171,14 @@ func TestReaperClearsABacklogInOnePass(t *testing.T) {
 
 		res, err := b.reaper.RunOnce(bg)
 		require.NoError(t, err)
-		require.EqualValues(t, n, res.HoldsExpired)
-		require.EqualValues(t, n, res.MarkedUncertain)
+		// At least: the reaper works on every tenant, and a hold another test left may expire
+		// during the pass.
+		require.GreaterOrEqual(t, res.HoldsExpired, int64(n))
+		require.GreaterOrEqual(t, res.MarkedUncertain, int64(n))
+		var uncertain int64
+		require.NoError(t, b.db.Model(&models.Operation{}).
+			Where("tenant_id = ? AND key LIKE 'backlog:%' AND state = ?", b.p.TenantID, StateUncertain).Count(&uncertain).Error)
+		require.EqualValues(t, n, uncertain)
 		var held int64
 		require.NoError(t, b.db.Model(&models.IdemKey{}).
 			Where("tenant_id = ? AND key LIKE 'backlog:%' AND holder_operation_id IS NOT NULL", b.p.TenantID).Count(&held).Error)

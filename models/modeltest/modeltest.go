@@ -143,7 +143,11 @@ func Tenant(tb testing.TB, db *models.DB) int64 {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	t := models.Tenant{Name: "t-" + hex.EncodeToString(b), CreatedAt: time.Now().UTC()}
-	if err := db.Create(&t).Error; err != nil {
+	// Through Write: on SQLite it waits its turn at the write lock instead of polling for it in
+	// the busy handler, where a parallel test's long batches starved it past the busy timeout
+	// ("create tenant: database is locked", CI).
+	err := db.Write(context.Background(), func(w *gorm.DB) error { return w.Create(&t).Error })
+	if err != nil {
 		tb.Fatalf("create tenant: %v", err)
 	}
 	return t.ID
