@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -355,8 +356,10 @@ func (d *DB) Now(ctx context.Context, tx *gorm.DB) (time.Time, error) {
 
 // Migrate applies every pending migration of d's dialect, under a transaction-scoped advisory
 // lock on PostgreSQL (xactLocker: no session state, so it holds behind PgBouncer in transaction
-// mode too) so that several instances starting at once migrate exactly once. It returns the
-// number of migrations applied.
+// mode too) so that several instances starting at once migrate exactly once, then this build's
+// functions and triggers (models/sql, see applySQL) when the database has an older revision of
+// them. It returns the number of migrations applied. Errors: ErrPreBaseline,
+// ErrSQLRevisionConflict, or the database's.
 func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 	sqlDB, err := d.DB.DB()
 	if err != nil {
@@ -378,6 +381,10 @@ func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("prepare migrations: %w", err)
 	}
+	if v, err := p.GetDBVersion(ctx); err == nil && v > 0 && v < baselineVersion {
+		return 0, fmt.Errorf("%w: it is at version %d; migrate it with a build from before the baseline first, or start from an empty database",
+			ErrPreBaseline, v)
+	}
 	res, err := p.Up(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("apply migrations: %w", err)
@@ -387,8 +394,28 @@ func Migrate(ctx context.Context, d *DB, log *slog.Logger) (int, error) {
 			log.Info("migration applied", "version", r.Source.Version, "path", r.Source.Path)
 		}
 	}
+	sum, err := sqlChecksum()
+	if err != nil {
+		return 0, err
+	}
+	applied, err := applySQL(ctx, d, sqlRevisions, sum, log)
+	if err != nil {
+		return 0, fmt.Errorf("apply functions and triggers: %w", err)
+	}
+	if applied && log != nil {
+		log.Info("functions and triggers applied", "revision", len(sqlRevisions)-1)
+	}
 	return len(res), nil
 }
+
+// baselineVersion is the version of the squashed baseline migration (00016_baseline.sql):
+// the pre-release chain's last version, so a database that chain migrated fully is at it.
+const baselineVersion = 16
+
+// ErrPreBaseline is returned by Migrate for a database the pre-release migration chain left
+// between versions 1 and 15: the baseline would create tables it already has, and the steps
+// between are no longer in this build.
+var ErrPreBaseline = errors.New("the database was migrated by a pre-release build of idemgate, before the squashed baseline")
 
 // SQL returns the underlying *sql.DB (for pool statistics and health checks).
 func (d *DB) SQL() (*sql.DB, error) { return d.DB.DB() }

@@ -3,8 +3,6 @@ package models_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,11 +13,10 @@ import (
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 )
 
-// TestAcquireBatchGenericPlansUseIndexes guards migration 00012: idemgate_acquire_batch runs
+// TestAcquireBatchGenericPlansUseIndexes guards the generic plans of models/sql/postgres/idemgate_acquire_batch.sql: idemgate_acquire_batch runs
 // with plan_cache_mode = force_generic_plan, so each connection plans each statement of the
 // function (and of the idemgate_acquire calls it makes) once, with whatever statistics the
 // tables have then, and keeps that plan. A statement whose generic plan scans a table would
@@ -28,7 +25,7 @@ import (
 // function (new keys, duplicates and a conflict of a live hold, an attempt_id retry, a takeover
 // of an expired key, a lapsed lease) is run with auto_explain logging each nested statement's
 // plan to the client, and no plan may hold a sequential scan. (An EXISTS against operations
-// written while preparing 00012 was planned as a hash semi-join over a sequential scan of
+// written while preparing the generic plans was planned as a hash semi-join over a sequential scan of
 // operations; this test fails on it.)
 func TestAcquireBatchGenericPlansUseIndexes(t *testing.T) {
 	ctx := context.Background()
@@ -115,49 +112,4 @@ func TestAcquireBatchGenericPlansUseIndexes(t *testing.T) {
 		require.NotContains(t, p, "Seq Scan", "a statement of the acquire functions scans a table:\n%s", p)
 	}
 	require.Greater(t, nested, 20, "the functions' own statements were not logged")
-}
-
-// TestAcquireBatchMigrationDown: 00012's Down puts 00009's idemgate_acquire_batch back (custom
-// plans, no setting of its own) and Up again gives the generic one; the function answers after
-// each step.
-func TestAcquireBatchMigrationDown(t *testing.T) {
-	ctx := context.Background()
-	db := openDB(t, freshDB(t))
-	_, err := models.Migrate(ctx, db, nil)
-	require.NoError(t, err)
-	tenant := modeltest.Tenant(t, db)
-	sqlDB, err := db.SQL()
-	require.NoError(t, err)
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS(filepath.Join("migrations", "postgres")),
-		goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-
-	config := func() string {
-		var c *string
-		require.NoError(t, db.Raw(`SELECT array_to_string(proconfig, ',') FROM pg_proc
-		  WHERE proname = 'idemgate_acquire_batch'`).Scan(&c).Error)
-		if c == nil {
-			return ""
-		}
-		return *c
-	}
-	acquire := func(key string) string {
-		var r string
-		require.NoError(t, db.Raw(`SELECT result FROM idemgate_acquire_batch(ARRAY[?::bigint], ARRAY[?::text],
-		  ARRAY[60], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text],
-		  ARRAY['idg_down'], ARRAY[gen_random_uuid()], ARRAY['hash'], ARRAY[NULL::bigint], ARRAY[NULL::integer],
-		  ARRAY[NULL::text])`, tenant, key).Scan(&r).Error)
-		return r
-	}
-	require.Equal(t, "plan_cache_mode=force_generic_plan", config())
-	require.Equal(t, "admitted", acquire("up"))
-	_, err = p.DownTo(ctx, 11)
-	require.NoError(t, err)
-	require.Equal(t, "", config())
-	require.Equal(t, "admitted", acquire("down"))
-	require.Equal(t, "duplicate", acquire("down"))
-	_, err = p.Up(ctx)
-	require.NoError(t, err)
-	require.Equal(t, "plan_cache_mode=force_generic_plan", config())
-	require.Equal(t, "duplicate", acquire("up"))
 }

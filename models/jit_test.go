@@ -9,8 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Migration 00016: sessions opened on a migrated database run without JIT compilation, which
-// stale statistics made idemgate's short statements pay 25-340 ms for (make scale).
+// The baseline migration's jit = off: sessions opened on a migrated database run without JIT
+// compilation, which stale statistics made idemgate's short statements pay 25-340 ms for
+// (make scale).
 func TestMigratedDatabaseHasJITOff(t *testing.T) {
 	ctx := context.Background()
 	dbURL := freshDB(t)

@@ -80,7 +80,7 @@ type Operation struct {
 	ID       string
 	TenantID int64
 	Key      string
-	// KeyID is the operation's key row (IdemKey.ID), unique with FencingToken (migration 00013):
+	// KeyID is the operation's key row (IdemKey.ID), unique with FencingToken (operations_key_generation):
 	// a key's generations are looked up by it. Key rows are never deleted. Zero is left out of
 	// an INSERT, and the database fills it in from TenantID and Key.
 	KeyID           int64 `gorm:"default:null"`
@@ -106,24 +106,24 @@ type Operation struct {
 	ReleaseReason   *string
 	EndedAt         *time.Time
 	// UncertainAt is when the operation became uncertain, set by a database trigger on every
-	// path that makes it so (migration 00004) and kept after reconciliation; nil if it never
+	// path that makes it so (the operations_uncertain_at trigger) and kept after reconciliation; nil if it never
 	// was. The reconciliation queue is ordered by it.
 	UncertainAt *time.Time
 	// DuplicateAttempts and ConflictAttempts count the attempts answered about this operation
-	// as duplicate or conflict: on SQLite all of them; on PostgreSQL those counted before
-	// migration 00005, the rest being in its OperationCounter rows.
+	// as duplicate or conflict: on SQLite all of them; on PostgreSQL none (its acquires
+	// count in OperationCounter rows), though reads add both.
 	DuplicateAttempts int64
 	ConflictAttempts  int64
 	// LeaseExpiresAt is the end of the admitted attempt's lease (docs/reference.md §8): how long
 	// it may run without an outcome before it is presumed crashed and made uncertain. It is at
-	// most ExpiresAt; nil (operations written before migration 00009) means ExpiresAt.
+	// most ExpiresAt; nil (operations written by a pre-release build) means ExpiresAt.
 	LeaseExpiresAt *time.Time
 	// OnExpiry is the key's policy once the TTL is over: "readmit" or "hold_until_reconciled".
 	OnExpiry string `gorm:"default:readmit"`
 	// PossibleDuplicateEffect is set when an earlier operation of the key (a lower fencing
 	// token) is succeeded or uncertain: this admission may have repeated an effect
 	// (docs/reference.md §5 "Audit"). Database triggers decide it at admission and keep it in
-	// step with the earlier operations' states (migration 00014); GORM only reads it.
+	// step with the earlier operations' states (models/sql/*/operations_reflag_later.sql); GORM only reads it.
 	PossibleDuplicateEffect bool `gorm:"->"`
 }
 
@@ -176,8 +176,7 @@ func (Event) TableName() string { return "events" }
 
 // OperationCounter is one share of an operation's duplicate and conflict counts: PostgreSQL's
 // acquire counts each duplicate or conflicting attempt in a row of its own connection (Shard
-// is the backend pid), so a retry storm on one key never waits on a shared row (migration
-// 00005). An operation's counts are its own columns plus the sum of its counter rows.
+// is the backend pid), so a retry storm on one key never waits on a shared row. An operation's counts are its own columns plus the sum of its counter rows.
 type OperationCounter struct {
 	OperationID       string
 	Shard             int64
@@ -189,7 +188,7 @@ type OperationCounter struct {
 func (OperationCounter) TableName() string { return "operation_counters" }
 
 // WebhookEndpoint is one webhook subscriber of a tenant (docs/reference.md §10 "Webhooks",
-// migration 00010). Events is the comma-separated list of subscribed event types. Secret is the
+// models/sql/*/operations_webhook_*.sql). Events is the comma-separated list of subscribed event types. Secret is the
 // "whsec_" signing secret, stored because signing needs it and never returned by a read.
 // Deleted endpoints are kept (DeletedAt) so that their deliveries still name them.
 type WebhookEndpoint struct {
@@ -209,7 +208,7 @@ type WebhookEndpoint struct {
 func (WebhookEndpoint) TableName() string { return "webhook_endpoints" }
 
 // WebhookEvent is one outbox row: one event for one endpoint, written by a database trigger in
-// the transaction of the operation's state change (migration 00010). MsgID is the Standard
+// the transaction of the operation's state change (models/sql/*/operations_webhook_*.sql). MsgID is the Standard
 // Webhooks webhook-id, the same on every retry. The Op* fields are the operation as it was at
 // the change, so every retry sends the same body. Status is pending, delivered or failed;
 // NextAttemptAt is when a pending row is due, and while a dispatcher holds it, the end of that
@@ -245,7 +244,7 @@ type WebhookEvent struct {
 // TableName pins the table name.
 func (WebhookEvent) TableName() string { return "webhook_events" }
 
-// ReconciliationJob is one bulk reconciliation (migration 00011): the outcome and note applied
+// ReconciliationJob is one bulk reconciliation: the outcome and note applied
 // to a frozen list of operations (OperationIDs, a JSON array of ids), unique per (Scope,
 // JobKey) so a resubmitted job is the same job. Status is "running" until every operation
 // has an item, then "completed"; Total, Done and Skipped count the items when it completed.

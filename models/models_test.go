@@ -41,18 +41,6 @@ func TestModelsMatchMigrations(t *testing.T) {
 	}
 }
 
-// TestPreviousReleaseAcquireStillWorks: migration 00003 adds an overload of idemgate_acquire
-// and keeps the previous release's 11-argument function, so an instance not yet upgraded in a
-// rolling upgrade keeps admitting instead of failing every acquire of a held key.
-func TestPreviousReleaseAcquireStillWorks(t *testing.T) {
-	tenant := modeltest.Tenant(t, dbs.Postgres)
-	var result string
-	err := dbs.Postgres.Raw(`SELECT result FROM idemgate_acquire($1::bigint, 'k-old', 60, NULL, NULL, NULL, NULL,
-		NULL, 'old-release', gen_random_uuid(), 'hash')`, tenant).Scan(&result).Error
-	require.NoError(t, err)
-	require.Equal(t, "admitted", result)
-}
-
 // TestSQLiteSynchronousFull checks that every connection of the SQLite pool commits with
 // synchronous=FULL: in WAL mode NORMAL may lose the last committed transactions on power
 // failure, and a lost admission lets the key be admitted twice. The pragma is per connection,

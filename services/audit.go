@@ -163,7 +163,7 @@ const auditWalkBatch = 1000
 // ErrStoreUnavailable.
 //
 // It walks the range's duplicate or conflicting attempts newest first along attempts_audited,
-// and its flagged admissions along operations_flagged (migration 00014), each until it has seen
+// and its flagged admissions along operations_flagged (an index of the baseline migration), each until it has seen
 // MaxAuditGroups+1 keys (or AuditScanCap rows), then reads the page's keys' counts: a bounded
 // number of rows at any size. Before, it grouped every attempt of the range and evaluated the
 // possible-duplicate rule for each admission, which answered 503 at a million keys.

@@ -251,7 +251,7 @@ func TestAcquireBatchCountsDuplicatesAsSingles(t *testing.T) {
 
 // TestAcquireBatchStormReadsEachHolderOnce: a batch of 20 duplicates of one held key (a retry
 // storm as group admission gathers it) reads the key and its holder once, not once per item:
-// the 00007 statement decided each item through idemgate_acquire, six statements apiece, and
+// the pre-release batch function decided each item through idemgate_acquire, six statements apiece, and
 // scanned idem_keys 488 times in these 8 batches (16 now, operations 8). Eight rounds take
 // PL/pgSQL past its five custom plans into the cached generic one.
 func TestAcquireBatchStormReadsEachHolderOnce(t *testing.T) {

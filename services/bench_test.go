@@ -71,7 +71,7 @@ func BenchmarkAcquire(b *testing.B) {
 		})
 		// readmit: each caller releases its own key and acquires it again, so every acquire
 		// admits a later generation (fencing token > 1): the path on which the webhook outbox's
-		// possible-duplicate trigger runs (migration 00010), here with no endpoint subscribed.
+		// possible-duplicate trigger runs (models/sql/postgres/operations_webhook_admitted.sql), here with no endpoint subscribed.
 		b.Run(string(db.Dialect)+"/readmit", func(b *testing.B) {
 			b.SetParallelism(16)
 			b.RunParallel(func(pb *testing.PB) {

@@ -6,7 +6,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// The Overview's figures are kept, not counted (migration 00014): operation_state_counts holds
+// The Overview's figures are kept, not counted (models/sql/*/operation_state_counts.sql): operation_state_counts holds
 // the number of operations per (tenant, state) and attempt_hours the attempts per (tenant, UTC
 // hour, result). On PostgreSQL the writers' triggers append to operation_state_deltas and
 // attempt_hour_deltas, which take no lock anyone waits for, and foldCounters adds the deltas to

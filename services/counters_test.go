@@ -12,7 +12,7 @@ import (
 // TestKeptCountersMatchTheRows: after admissions, duplicates, conflicts, outcomes, releases,
 // re-admissions and a purge, the kept counts (operation_state_counts + deltas) equal a count of
 // the operations by state, and the kept attempt hours equal a count of the attempts by hour and
-// result, before and after the reaper folds the deltas (migration 00014, counters.go).
+// result, before and after the reaper folds the deltas (models/sql/*/operation_state_counts.sql, counters.go).
 func TestKeptCountersMatchTheRows(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {

@@ -190,7 +190,7 @@ func ageAt(now, since time.Time) time.Duration {
 // NeedsReconciliationByTenant returns, for every tenant, the number of its operations in state
 // uncertain (docs/reference.md §3 "needs reconciliation"), zeros included, ordered by tenant name. It is
 // for metrics: one statement whose cost grows with the number of tenants only (kept counts,
-// migration 00014). Errors: ErrStoreUnavailable.
+// models/sql/*/operation_state_counts.sql). Errors: ErrStoreUnavailable.
 //
 // The same statement reads each tenant's oldest uncertain_at (the first entry of the partial
 // index operations_uncertain_queue), so the oldest-uncertain gauge costs nothing extra; ages

@@ -40,7 +40,7 @@ func answerOnLiveHold(h *models.Operation, in AcquireInput, apiKeyID int64) (res
 // expiryReason is the reason an in_progress operation whose hold or lease ran out becomes
 // uncertain with: lease_expired_without_outcome when its lease ended before its TTL (a lease
 // shorter than the TTL, not renewed to it), ttl_expired_without_outcome otherwise. PostgreSQL's
-// acquire functions state the same rule (migration 00009).
+// acquire functions state the same rule (models/sql/postgres/idemgate_acquire.sql).
 func expiryReason(m *models.Operation) string {
 	if m.LeaseEnd().Before(m.ExpiresAt) {
 		return ReasonLeaseExpired

@@ -169,7 +169,7 @@ func newWebhookSecret() string {
 }
 
 // Webhooks manages webhook endpoints and reads their delivery log (docs/reference.md §10).
-// Events are written by database triggers (migration 00010) and sent by a Dispatcher.
+// Events are written by database triggers (models/sql/*/operations_webhook_*.sql) and sent by a Dispatcher.
 type Webhooks struct {
 	db  *models.DB
 	log *slog.Logger

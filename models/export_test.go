@@ -1,0 +1,8 @@
+package models
+
+// Hooks for the external tests of this package.
+var (
+	ApplySQL     = applySQL
+	SQLRevisions = sqlRevisions
+	SQLChecksum  = sqlChecksum
+)

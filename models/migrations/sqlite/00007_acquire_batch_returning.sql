@@ -1,7 +1,0 @@
--- +goose Up
--- SQLite twin of ../postgres/00007_acquire_batch_returning.sql: nothing to change (SQLite's
--- batch acquire is Go, services/store_sqlite.go); keeps the two version sequences in step.
-SELECT 1;
-
--- +goose Down
-SELECT 1;

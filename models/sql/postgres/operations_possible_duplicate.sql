@@ -1,0 +1,16 @@
+-- The possible duplicate effect (docs/reference.md §5 "Audit"), decided once when an operation
+-- is admitted instead of for every admitted attempt an audit reads: set when an earlier
+-- operation of the key (a lower fencing token) is succeeded or uncertain. New keys (fencing
+-- token 1) never call the function. operations_reflag_later.sql keeps it up to date.
+
+CREATE OR REPLACE FUNCTION idemgate_admitted_possible_duplicate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.possible_duplicate_effect := EXISTS (
+    SELECT 1 FROM operations e WHERE e.key_id = NEW.key_id AND e.fencing_token < NEW.fencing_token
+       AND e.state IN ('succeeded', 'uncertain'));
+  RETURN NEW;
+END $$;
+
+CREATE OR REPLACE TRIGGER operations_possible_duplicate BEFORE INSERT ON operations
+  FOR EACH ROW WHEN (NEW.fencing_token > 1) EXECUTE FUNCTION idemgate_admitted_possible_duplicate();

@@ -1,0 +1,29 @@
+-- SQLite twin of ../postgres/operations_webhook_admitted.sql: the outbox's
+-- operation.possible_duplicate_effect event.
+
+DROP TRIGGER IF EXISTS operations_webhook_admitted;
+-- Only later generations can have a previous operation, and only a tenant with a live endpoint
+-- can want the event: a new key's admission, and any admission of a tenant without webhooks,
+-- never runs the body (about 1 µs of CPU per later-generation admission otherwise).
+CREATE TRIGGER operations_webhook_admitted AFTER INSERT ON operations
+  FOR EACH ROW WHEN NEW.fencing_token > 1 AND EXISTS (SELECT 1 FROM webhook_endpoints w
+    WHERE w.tenant_id = NEW.tenant_id AND w.disabled_at IS NULL AND w.deleted_at IS NULL)
+BEGIN
+  INSERT INTO webhook_events (msg_id, tenant_id, endpoint_id, event_type, operation_id, occurred_at,
+                              op_key, op_name, op_state, op_state_reason, op_fencing_token,
+                              op_outcome_status, op_outcome_receipt, previous_operation_id,
+                              previous_state, next_attempt_at)
+  SELECT 'msg_' || lower(hex(randomblob(4))) || '-' || lower(hex(randomblob(2))) || '-4' ||
+         substr(lower(hex(randomblob(2))), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) ||
+         substr(lower(hex(randomblob(2))), 2) || '-' || lower(hex(randomblob(6))),
+         NEW.tenant_id, w.id, 'operation.possible_duplicate_effect', NEW.id,
+         rtrim(rtrim(strftime('%Y-%m-%d %H:%M:%f', 'now'), '0'), '.') || '+00:00',
+         NEW.key, NEW.operation_name, NEW.state, NEW.state_reason, NEW.fencing_token,
+         NEW.outcome_status, NEW.outcome_receipt, p.id, p.state,
+         rtrim(rtrim(strftime('%Y-%m-%d %H:%M:%f', 'now'), '0'), '.') || '+00:00'
+    FROM webhook_endpoints w
+    JOIN operations p ON p.tenant_id = NEW.tenant_id AND p.key = NEW.key
+                     AND p.fencing_token = NEW.fencing_token - 1 AND p.state IN ('succeeded', 'uncertain')
+   WHERE w.tenant_id = NEW.tenant_id AND w.disabled_at IS NULL AND w.deleted_at IS NULL
+     AND (',' || w.events || ',') LIKE '%,operation.possible_duplicate_effect,%';
+END;
