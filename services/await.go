@@ -23,7 +23,7 @@ const MaxWait = 60 * time.Second
 // otherwise (IDEMGATE_MAX_WAITERS).
 const DefaultMaxWaiters = 1000
 
-// notifyChannel is the PostgreSQL NOTIFY channel on which migration 00009's trigger announces
+// notifyChannel is the PostgreSQL NOTIFY channel on which the operations_notify trigger (models/sql/postgres/operations_notify.sql) announces
 // that an operation left in_progress; the payload is the operation id.
 const notifyChannel = "idemgate_operation"
 
@@ -54,6 +54,7 @@ type AwaiterConfig struct {
 // Safe for concurrent use. Run must be running for anything but the first and last read.
 type Awaiter struct {
 	db    *models.DB
+	st    store
 	reads *Reads
 	cfg   AwaiterConfig
 	log   *slog.Logger
@@ -83,7 +84,7 @@ func NewAwaiter(db *models.DB, cfg AwaiterConfig) *Awaiter {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Awaiter{db: db, reads: NewReads(db), cfg: cfg, log: log,
+	return &Awaiter{db: db, st: newStore(db), reads: NewReads(db), cfg: cfg, log: log,
 		waiting: map[string]map[chan struct{}]struct{}{}, closed: make(chan struct{})}
 }
 
@@ -112,7 +113,7 @@ func (a *Awaiter) Run(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}()
-	if a.db.Dialect == models.Postgres && a.cfg.ListenURL != "" {
+	if a.st.listens() && a.cfg.ListenURL != "" {
 		go a.listen(ctx)
 	}
 	t := time.NewTicker(a.cfg.Poll)

@@ -158,7 +158,7 @@ func (ds *Dashboard) CountKeys(ctx context.Context, tenantID *int64, f KeyFilter
 	if err != nil {
 		return KeyCount{}, storeError("count keys", err)
 	}
-	q, atCol, idCol := keyFilterQuery(tx, tenantID, f, now)
+	q, atCol, idCol := keyFilterQuery(tx, ds.st, tenantID, f, now)
 	var n int64
 	if err := countKeysQuery(tx, q, atCol, idCol).Scan(&n).Error; err != nil {
 		return KeyCount{}, storeError("count keys", err)

@@ -208,7 +208,7 @@ func (r *reader) listKeys(ctx context.Context, tenantID *int64, f KeyFilter) (*K
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
 	var ks []models.IdemKey
-	if err := keyPageQuery(tx, tenantID, f, now).Find(&ks).Error; err != nil {
+	if err := keyPageQuery(tx, r.st, tenantID, f, now).Find(&ks).Error; err != nil {
 		return nil, nil, time.Time{}, storeError("list keys", err)
 	}
 	page := &KeyPage{}
@@ -369,21 +369,16 @@ func (rd *Reads) ListAttempts(ctx context.Context, tenantID int64, f AttemptFilt
 //     exactly like (idem_keys.acquired_at, idem_keys.id). The join compares fencing tokens
 //     rather than operation ids on purpose: PostgreSQL estimates an id match as one row in
 //     millions and then hash-joins every key; a token match it estimates as likely, and walks.
-func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q *gorm.DB, atCol, idCol string) {
+func keyFilterQuery(tx *gorm.DB, st store, tenantID *int64, f KeyFilter, now time.Time) (q *gorm.DB, atCol, idCol string) {
 	// On PostgreSQL each join is a LATERAL subquery with OFFSET 0, which the planner cannot
 	// flatten: it is run for each row of the walk, a probe of the other table's primary key.
 	// A plain join left the planner free to hash both tables whenever the filter's rows were
 	// near the statement's LIMIT, which the capped count's is (CountKeys): at 200,000 keys the
 	// count of 10,121 released keys read every key and every operation, 163 ms, and a page
 	// filtered by state took 6.5 times its time at 10,000 keys (make scale).
-	pg := tx.Dialector.Name() == "postgres"
 	if f.State != "" && f.State != StateSucceeded {
 		q = tx.Table("operations AS o")
-		if pg {
-			q = q.Joins("JOIN LATERAL (SELECT * FROM idem_keys k WHERE k.id = o.key_id AND k.fencing_token = o.fencing_token OFFSET 0) AS idem_keys ON true")
-		} else {
-			q = q.Joins("JOIN idem_keys ON idem_keys.id = o.key_id AND idem_keys.fencing_token = o.fencing_token")
-		}
+		q = q.Joins(st.probeJoin("idem_keys", "idem_keys", "idem_keys.id = o.key_id AND idem_keys.fencing_token = o.fencing_token"))
 		q = q.Where("o.state = ?", f.State)
 		if tenantID != nil {
 			q = q.Where("o.tenant_id = ?", *tenantID)
@@ -395,11 +390,7 @@ func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q
 			q = q.Where("idem_keys.tenant_id = ?", *tenantID)
 		}
 		if f.State != "" || f.Operation != "" {
-			if pg {
-				q = q.Joins("JOIN LATERAL (SELECT * FROM operations o WHERE o.id = idem_keys.last_operation_id OFFSET 0) AS o ON true")
-			} else {
-				q = q.Joins("JOIN operations o ON o.id = idem_keys.last_operation_id")
-			}
+			q = q.Joins(st.probeJoin("operations", "o", "o.id = idem_keys.last_operation_id"))
 			if f.State != "" {
 				q = q.Where("o.state = ?", f.State)
 			}
@@ -411,18 +402,14 @@ func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q
 	}
 	if f.KeyPrefix != "" {
 		// A range on the (tenant_id, key) index. Keys compare byte by byte on both databases
-		// (PostgreSQL: COLLATE "C" since migration 00014; SQLite: BINARY), and UTF-8's byte order
+		// (PostgreSQL: COLLATE "C" in the baseline migration; SQLite: BINARY), and UTF-8's byte order
 		// is code point order, so [prefix, prefixEnd(prefix)) holds exactly the keys that start
 		// with prefix. Over every tenant, the range is read tenant by tenant: PostgreSQL is
 		// given the tenants as an array, which it reads as one index scan over all their
 		// ranges whatever the tables' statistics say; an IN (subquery) it may turn into a join
 		// that reads every key when the tenants table looks large.
 		if tenantID == nil {
-			if tx.Dialector.Name() == "postgres" {
-				q = q.Where("idem_keys.tenant_id = ANY(ARRAY(SELECT id FROM tenants))")
-			} else {
-				q = q.Where("idem_keys.tenant_id IN (SELECT id FROM tenants)")
-			}
+			q = q.Where(st.inEveryTenant("idem_keys.tenant_id"))
 		}
 		q = q.Where("idem_keys.key >= ?", f.KeyPrefix)
 		if end, ok := prefixEnd(f.KeyPrefix); ok {
@@ -439,8 +426,8 @@ func keyFilterQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) (q
 // keyPageQuery is the statement listKeys runs for f, cursors decoded: at most f.Limit+1 key
 // rows in page order (ascending for f.Before, turned round by the caller). f has been
 // validated. The plan tests EXPLAIN this very statement.
-func keyPageQuery(tx *gorm.DB, tenantID *int64, f KeyFilter, now time.Time) *gorm.DB {
-	q, atCol, idCol := keyFilterQuery(tx, tenantID, f, now)
+func keyPageQuery(tx *gorm.DB, st store, tenantID *int64, f KeyFilter, now time.Time) *gorm.DB {
+	q, atCol, idCol := keyFilterQuery(tx, st, tenantID, f, now)
 	if f.Cursor != "" {
 		// A row comparison, not "a < x OR (a = x AND id < y)": PostgreSQL turns it into one index
 		// range on (acquired_at DESC, id DESC). Measured at 1,000,000 keys, a page deep in the

@@ -16,20 +16,6 @@ const DefaultRetention = 90 * 24 * time.Hour
 // or a transaction for long.
 const reapBatch = 500
 
-// purgeBatch is how many ended operations one purge transaction deletes with their evidence.
-// Each batch is one transaction, so a kill -9 leaves whole operations or none; larger batches
-// pay the per-transaction cost (the scan for candidates, five deletes, a commit) less often.
-// On SQLite a batch holds the only write lock, which every acquire waits for: the batch is a
-// tenth, so an acquire arriving mid-purge waits for about 10 ms rather than 100 (make scale
-// DB=sqlite N=20000: acquires' p99 beside the purge was 37 times their p99 without it at
-// 1,000, 27 times at 100 — still 132 ms; what holds the lock that long is not yet profiled).
-func purgeBatch(d models.Dialect) int {
-	if d == models.SQLite {
-		return 100
-	}
-	return 1000
-}
-
 // Reaper expires holds and purges old evidence (docs/reference.md §3, §6). Several reapers (one per
 // server process) may run at once: every change is a compare-and-set, so they never undo each
 // other's or an acquire's work.
@@ -126,7 +112,7 @@ func (r *Reaper) expireLeases(ctx context.Context, res *ReapResult) error {
 		if err != nil {
 			return err
 		}
-		for _, chunk := range chunks(ops, reapTxBatch(r.db.Dialect)) {
+		for _, chunk := range chunks(ops, r.st.reapTxBatch()) {
 			var marked int64
 			err := r.reapTx(ctx, func(tx *gorm.DB) error {
 				marked = 0
@@ -188,7 +174,7 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 		if r.afterScan != nil {
 			r.afterScan()
 		}
-		for _, chunk := range chunks(ks, reapTxBatch(r.db.Dialect)) {
+		for _, chunk := range chunks(ks, r.st.reapTxBatch()) {
 			var expired, marked int64
 			err := r.reapTx(ctx, func(tx *gorm.DB) (err error) {
 				expired, marked, err = r.expireHoldChunk(tx, chunk, now)
@@ -216,7 +202,7 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 // time (an update and a read of the operation each) ran at about 1,050 a second, and at about
 // 1,230 with 100 to a transaction (make scale's reaper pass at 200,000 keys): fewer than a
 // service admitting 1,500 keys a second creates. A chunk per statement: 6,750 a second there
-// (with migration 00016's jit = off), 15,500 over 9,500 holds. The key rows are first locked in (tenant, key)
+// (with the baseline migration's jit = off), 15,500 over 9,500 holds. The key rows are first locked in (tenant, key)
 // order, the order batch acquires lock theirs (acquireMany), and the operations after them, as
 // every writer does, so the chunk cannot close a cycle of lock waits with a batch, a release or
 // a takeover.
@@ -265,16 +251,6 @@ func (r *Reaper) expireHoldChunk(tx *gorm.DB, ks []models.IdemKey, now time.Time
 		}
 	}
 	return u.RowsAffected, marked, nil
-}
-
-// reapTxBatch is how many holds or leases one reaper transaction expires (see
-// expireHoldChunk). On SQLite a transaction holds the only write lock, which acquires wait for,
-// so its transactions are smaller.
-func reapTxBatch(d models.Dialect) int {
-	if d == models.SQLite {
-		return 20
-	}
-	return 100
 }
 
 // purgeCandidate is an operation the purge may delete, and its place in the scan.
@@ -346,7 +322,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		return err
 	}
 	cutoff := now.Add(-r.retention)
-	batchSize := purgeBatch(r.db.Dialect)
+	batchSize := r.st.purgeBatch()
 	var after *purgeCandidate
 	for {
 		t0 := time.Now()
@@ -357,7 +333,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		// admission names it as previous_operation again (docs/reference.md §4), and the
 		// operator who follows that warning must find it. The candidates come off
 		// operations_ended, oldest first, with the hold check as a probe of idem_keys_holder
-		// (migration 00014; before it, a scan of every key row per batch); the successor check
+		// (idem_keys_holder; before it, a scan of every key row per batch); the successor check
 		// is a second statement over the candidates' key rows by primary key. As a second
 		// NOT EXISTS in the scan it was planned from statistics taken when few keys were held
 		// (after a reaper pass, always): every held key row was read once per candidate, 14.7

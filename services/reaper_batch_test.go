@@ -109,7 +109,7 @@ func TestReaperBatchesBesideBatchTakeovers(t *testing.T) {
 func TestPurgeWalksEveryBatchPastKeptOperations(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		drain(t, b)
-		n := 2*purgeBatch(b.db.Dialect) + 50
+		n := 2*newStore(b.db).purgeBatch() + 50
 		items := make([]AcquireInput, 0, MaxBatchItems)
 		for i := 0; i < n; i++ {
 			items = append(items, AcquireInput{Key: fmt.Sprintf("purge-walk:%05d", i), TTLSeconds: 600})

@@ -40,6 +40,33 @@ type store interface {
 	// foldCounters adds the kept counters' deltas into their totals and drops attempt hours
 	// past attemptHoursKept, in tx (counters.go).
 	foldCounters(tx *gorm.DB, now time.Time) error
+
+	// listens reports whether the database announces that an operation left in_progress
+	// (NOTIFY from the operations_notify trigger, on PostgreSQL), so waiters can listen as well
+	// as poll (await.go).
+	listens() bool
+	// skipLocked returns the locking clause that ends a claim's SELECT over alias, so that
+	// concurrent claims pass each other instead of waiting or taking the same row: FOR UPDATE
+	// OF alias SKIP LOCKED on PostgreSQL; nothing on SQLite, where one writer at a time makes
+	// the claim's UPDATE alone atomic (webhook_dispatch.go).
+	skipLocked(alias string) string
+	// probeJoin returns "JOIN table AS alias ON cond" such that the join is run as a probe of
+	// table for each row of the walk, never planned as a hash of the whole table (reads.go).
+	// On PostgreSQL that is a LATERAL subquery with OFFSET 0, which the planner cannot flatten;
+	// SQLite's planner always probes along the index cond names.
+	probeJoin(table, alias, cond string) string
+	// inEveryTenant returns a condition that col is one of the tenants' ids, written so the
+	// database reads it as one index scan over each tenant's range whatever its statistics say
+	// (reads.go's prefix search over every tenant).
+	inEveryTenant(col string) string
+	// purgeBatch is how many ended operations one purge transaction deletes with their
+	// evidence (each batch one transaction, so a kill -9 leaves whole operations or none),
+	// and reapTxBatch how
+	// many holds or leases one reaper transaction expires (reaper.go): on SQLite a
+	// transaction holds the only write lock, which every acquire waits for, so they are
+	// smaller there.
+	purgeBatch() int
+	reapTxBatch() int
 }
 
 // newStore returns the store for db's dialect: the one place services asks which database it
@@ -139,7 +166,7 @@ func jsonArg(raw json.RawMessage) *string {
 
 // addCounters adds to each of ms the duplicate and conflict attempts counted in its
 // OperationCounter rows (PostgreSQL's acquire counts there, one row per connection, so a retry
-// storm on one key never waits on a shared row; see migration 00005), with one query for all
+// storm on one key never waits on a shared row; see operation_counters in models/migrations/postgres/00016_baseline.sql), with one query for all
 // of them. An operation's counts are its own columns plus these.
 func addCounters(tx *gorm.DB, ms ...*models.Operation) error {
 	if len(ms) == 0 {

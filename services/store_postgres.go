@@ -48,6 +48,24 @@ func (s *pgStore) foldCounters(tx *gorm.DB, now time.Time) error { return foldCo
 
 func (s *pgStore) lock(q *gorm.DB) *gorm.DB { return q.Clauses(clause.Locking{Strength: "UPDATE"}) }
 
+func (*pgStore) listens() bool { return true }
+
+func (*pgStore) skipLocked(alias string) string { return " FOR UPDATE OF " + alias + " SKIP LOCKED" }
+
+func (*pgStore) probeJoin(table, alias, cond string) string {
+	return "JOIN LATERAL (SELECT * FROM " + table + " " + alias + " WHERE " + cond + " OFFSET 0) AS " + alias + " ON true"
+}
+
+func (*pgStore) inEveryTenant(col string) string {
+	return col + " = ANY(ARRAY(SELECT id FROM tenants))"
+}
+
+// purgeBatch: larger batches pay the per-transaction cost (the scan for candidates, five
+// deletes, a commit) less often.
+func (*pgStore) purgeBatch() int { return 1000 }
+
+func (*pgStore) reapTxBatch() int { return 100 }
+
 func (*pgStore) hourOf(col string) string {
 	return "to_char(" + col + " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24')"
 }
@@ -58,7 +76,7 @@ func (*pgStore) hourOf(col string) string {
 // idemgate_acquire function, which decides duplicate, conflict, attempt_id retry or takeover.
 // The function sits behind a one-time filter on NOT EXISTS (ins), so it runs only then.
 // Skipping PL/pgSQL for new keys measured +15% acquires/s (pgbench, 16 clients). The operation
-// names its key row (key_id, from `ins`), so the insert trigger of migration 00013 is not called.
+// names its key row (key_id, from `ins`), so the operations_key_id trigger is not called.
 const acquireSQL = `WITH now AS (SELECT clock_timestamp() AS t,
   set_config('lock_timeout', COALESCE($13::text, current_setting('lock_timeout')), true) AS lock_timeout),
 ins AS (
@@ -124,8 +142,7 @@ func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs, lockTimeout s
 	return row.decision(), nil
 }
 
-// acquireBatchSQL decides a batch with idemgate_acquire_batch (migrations 00006 to 00009, 00012;
-// 00013 is the version in use): one statement, items in order.
+// acquireBatchSQL decides a batch with idemgate_acquire_batch (models/sql/postgres/idemgate_acquire_batch.sql): one statement, items in order.
 const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
   $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[],
   $14::integer[], $15::text[], $13::text)`
@@ -300,7 +317,7 @@ func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, lockTimeout st
 }
 
 // acquireRow is the row acquireSQL returns, in the column order of the idemgate_acquire
-// function (models/migrations/postgres/00003, as first defined in 00002).
+// function (models/sql/postgres/idemgate_acquire.sql).
 type acquireRow struct {
 	Result              string
 	Readmitted          bool

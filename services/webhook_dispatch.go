@@ -75,6 +75,7 @@ type DispatcherConfig struct {
 // again (at least once) with the same webhook-id.
 type Dispatcher struct {
 	db       *models.DB
+	st       store
 	log      *slog.Logger
 	client   *http.Client
 	poll     time.Duration
@@ -100,7 +101,7 @@ func (d *Dispatcher) Stats() WebhookStats {
 
 // NewDispatcher returns a dispatcher over db.
 func NewDispatcher(db *models.DB, log *slog.Logger, cfg DispatcherConfig) *Dispatcher {
-	d := &Dispatcher{db: db, log: log, poll: cfg.Poll, timeout: cfg.Timeout, instance: cfg.Instance, backoff: cfg.Backoff}
+	d := &Dispatcher{db: db, st: newStore(db), log: log, poll: cfg.Poll, timeout: cfg.Timeout, instance: cfg.Instance, backoff: cfg.Backoff}
 	if d.poll <= 0 {
 		d.poll = DefaultWebhookPoll
 	}
@@ -211,10 +212,7 @@ func (d *Dispatcher) claim(ctx context.Context, token string) ([]claimedEvent, e
 		if err != nil {
 			return err
 		}
-		lock := ""
-		if d.db.Dialect == models.Postgres {
-			lock = " FOR UPDATE OF e SKIP LOCKED"
-		}
+		lock := d.st.skipLocked("e")
 		until := now.Add(d.lease)
 		var ids []int64
 		if err := tx.Raw(`UPDATE webhook_events SET next_attempt_at = ?, claimed_until = ?, claimed_by = ?
