@@ -11,7 +11,7 @@
 --
 -- ALTER DATABASE needs the database's owner (or a superuser); a migration run by another role
 -- leaves the setting alone and says so, rather than failing: the operator can run the
--- statement (README, "Several instances on one PostgreSQL"). Sessions opened after this take
+-- statement (docs/operations.md, "Several instances on one PostgreSQL"). Sessions opened after this take
 -- it; those already open keep their setting until they reconnect.
 -- +goose StatementBegin
 DO $$
