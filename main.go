@@ -1,5 +1,5 @@
 // Command idemgate is an idempotency-key admission service with a reconciliation dashboard.
-// See README.md; the contract is docs/reference.md.
+// See README.md; running it is docs/operations.md, the contract docs/reference.md.
 package main
 
 import (

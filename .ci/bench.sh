@@ -94,9 +94,9 @@ for c in ${CONNS:-16 64}; do
   nr=$(cut -d' ' -f1 "$tmp/tn" | med); np=$(cut -d' ' -f2 "$tmp/tn" | med)
   hr=$(cut -d' ' -f1 "$tmp/th" | med); hp=$(cut -d' ' -f2 "$tmp/th" | med)
   echo "$c $nr $hr $np $hp" | tee -a "$tmp/turns" | awk '{printf "%-6s %10d %10d %9.2f %9.2f %7.2f %7.2f\n", $1, $2, $3, $4, $5, ($2>0)?$3/$2:0, ($4>0)?$5/$4:0}'
-  # What bounds these rates: one statement at a time (README, Performance). Occupancy near 100%
-  # means every acquire waited for the statement in flight; the rate is then acquires per
-  # statement over the statement's latency.
+  # What bounds these rates: one statement at a time (docs/operations.md, "What bounds the
+  # rate"). Occupancy near 100% means every acquire waited for the statement in flight; the rate
+  # is then acquires per statement over the statement's latency.
   # Lingering: the share of the time the slot waited for answered callers to come back, and
   # the share of its lingers that gathered what they waited for.
   awk -v c="$c" -v secs="$secs" '{n[$1]+=$8-$2; a[$1]+=$9-$3; t[$1]+=$10-$4; w[$1]+=$11-$5; g[$1]+=$12-$6; x[$1]+=$13-$7; r[$1]++}

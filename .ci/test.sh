@@ -8,7 +8,8 @@
 # vet and staticcheck run with GOFLAGS=-race: both type-check from compiled export data, and
 # compiled with -race it is exactly what `go test -race` builds next, so every package is
 # compiled once for the three of them instead of twice (on a cold cache, as CI has, the race
-# build was the second full compile of the module and its dependencies; see README "Test").
+# build was the second full compile of the module and its dependencies; docs/operations.md
+# "Test times" has the figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}

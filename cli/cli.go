@@ -54,7 +54,7 @@ func newRoot(env Env) *cobra.Command {
 		Short: "Idempotency-key admission service with a reconciliation dashboard",
 		Long: "idemgate admits each business operation once: services acquire an idempotency key with a TTL,\n" +
 			"record the confirmed outcome or release the key, and operators reconcile uncertain operations.\n" +
-			"With no command, idemgate serves. Configuration comes from the environment (see README.md).",
+			"With no command, idemgate serves. Configuration comes from the environment (see docs/operations.md).",
 		SilenceUsage: true,
 		RunE:         func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), env) },
 	}

@@ -82,15 +82,15 @@ type Variable struct {
 	// a set value, so the default shown and the default applied are one string. "" for a
 	// variable without a default value (see Shown).
 	Default string
-	// Shown, when set, is what help and README show as the default of a variable whose
+	// Shown, when set, is what help and docs/operations.md show as the default of a variable whose
 	// default is not a value ("generated", "none", "text on a terminal, else json").
 	Shown string
-	// Meaning is a one-line summary for `serve --help`; README.md's Configuration table
+	// Meaning is a one-line summary for `serve --help`; docs/operations.md's Configuration table
 	// explains more.
 	Meaning string
 }
 
-// ShownDefault is v's default as help and README.md's Configuration table show it.
+// ShownDefault is v's default as help and docs/operations.md's Configuration table show it.
 func (v Variable) ShownDefault() string {
 	if v.Shown != "" {
 		return v.Shown
@@ -100,7 +100,7 @@ func (v Variable) ShownDefault() string {
 
 // Variables is THE table of serve's configuration: LoadConfig reads only these variables and
 // takes their defaults from here, `serve --help` prints it, and a test compares it with
-// README.md's Configuration table, so the three cannot drift apart.
+// docs/operations.md's Configuration table, so the three cannot drift apart.
 var Variables = []Variable{
 	{Name: "IDEMGATE_ADDR", Default: "127.0.0.1:8080", Meaning: "listen address (host:port)"},
 	{Name: "DATABASE_URL", Shown: "none", Meaning: "PostgreSQL URL, direct or through PgBouncer; unset: SQLite"},
@@ -133,7 +133,7 @@ var Variables = []Variable{
 // variablesHelp lists Variables for `serve --help`: name, default, meaning.
 func variablesHelp() string {
 	var b strings.Builder
-	b.WriteString("Environment (README.md \"Configuration\" explains each):\n")
+	b.WriteString("Environment (docs/operations.md \"Configuration\" explains each):\n")
 	for _, v := range Variables {
 		fmt.Fprintf(&b, "  %-27s (default %s)\n      %s\n", v.Name, v.ShownDefault(), v.Meaning)
 	}

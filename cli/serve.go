@@ -41,10 +41,8 @@ func flushTraces(tel *telemetry.Telemetry) {
 // by before the next collection) that serve sets when GOGC is not in its environment; a GOGC
 // that is set, and GOMEMLIMIT, are left to the Go runtime as given. idemgate's live heap is
 // small and its garbage is per request (bodies, JSON, rows), so at Go's default of 100 the
-// collector ran often: 10% of the process's CPU at 64 connections (pprof). Measured over HTTP,
-// interleaved runs of one build with GOGC=100 and 400: +14% new-key acquires/s at 16
-// connections and +12% at 64, with a lower p99; resident memory at 64 connections went from
-// 38 MB to 51 MB.
+// collector ran often and took a noticeable share of the CPU; 400 answers more acquires a second
+// for somewhat more resident memory (measured: docs/operations.md "Figures behind the code").
 const serveGOGC = 400
 
 // applyGOGC sets serveGOGC unless GOGC is in the environment.

@@ -13,7 +13,7 @@ import (
 )
 
 // TestLoadConfigReadsOnlyTheTable: every variable LoadConfig reads is a row of Variables and
-// every row is read, so `serve --help` and README.md describe exactly what serve reads.
+// every row is read, so `serve --help` and docs/operations.md describe exactly what serve reads.
 func TestLoadConfigReadsOnlyTheTable(t *testing.T) {
 	read := map[string]bool{}
 	_, err := LoadConfig(func(name string) string { read[name] = true; return "" })
@@ -31,27 +31,27 @@ func TestLoadConfigReadsOnlyTheTable(t *testing.T) {
 	require.Equal(t, names, got)
 }
 
-// TestVariablesMatchREADME: README.md's Configuration table lists the same variables, in the
-// same order, with the same defaults as Variables.
-func TestVariablesMatchREADME(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// TestVariablesMatchOperationsManual: the Configuration table of docs/operations.md lists the
+// same variables, in the same order, with the same defaults as Variables.
+func TestVariablesMatchOperationsManual(t *testing.T) {
+	manual, err := os.ReadFile("../docs/operations.md")
 	require.NoError(t, err)
-	section := string(readme)
+	section := string(manual)
 	start := strings.Index(section, "\n## Configuration\n")
-	require.Positive(t, start, "README.md has a Configuration section")
+	require.Positive(t, start, "docs/operations.md has a Configuration section")
 	section = section[start+1:]
 	if end := strings.Index(section[3:], "\n## "); end > 0 {
 		section = section[:end+3]
 	}
 	row := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\| ([^|]+) \\|")
-	var readmeRows, tableRows []string
+	var manualRows, tableRows []string
 	for _, m := range row.FindAllStringSubmatch(section, -1) {
-		readmeRows = append(readmeRows, m[1]+" = "+strings.ReplaceAll(strings.TrimSpace(m[2]), "`", ""))
+		manualRows = append(manualRows, m[1]+" = "+strings.ReplaceAll(strings.TrimSpace(m[2]), "`", ""))
 	}
 	for _, v := range Variables {
 		tableRows = append(tableRows, v.Name+" = "+v.ShownDefault())
 	}
-	require.Equal(t, tableRows, readmeRows, "README.md's Configuration table and cli.Variables disagree")
+	require.Equal(t, tableRows, manualRows, "docs/operations.md's Configuration table and cli.Variables disagree")
 }
 
 // TestVariableDefaultsAreTheServicesDefaults: the table's defaults are the ones the services

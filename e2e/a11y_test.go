@@ -56,7 +56,7 @@ func runAxe(t *testing.T, page playwright.Page, src string) []axeViolation {
 	return out
 }
 
-// docShot saves a screenshot of a page for the README when E2E_SCREENSHOTS is set (make
+// docShot saves a screenshot of a page for docs/operations.md when E2E_SCREENSHOTS is set (make
 // screenshots): <dir>/<name>-<width>.png.
 func docShot(t *testing.T, page playwright.Page, name, width string) {
 	t.Helper()

@@ -61,7 +61,7 @@ func TestKeyXSS(t *testing.T) {
 	shot(t, page, "keys")
 }
 
-// TestKeysPage: keys in each state, with their badges, for the README.
+// TestKeysPage: keys in each state, with their badges, for docs/operations.md (Dashboard).
 func TestKeysPage(t *testing.T) {
 	inProgress := admit(t, uniqueKey("charge:order"), 3600)
 	// Two duplicates and a conflict of the in-progress key.

@@ -85,10 +85,10 @@ func (a *Admission) WithLinger(mode LingerMode) *Admission {
 // Busy is the time the statements sent from the statement slot took, summed (Batches+Singles
 // statements; wall time from sending to the last row read, so execution and commit), and
 // Busy/(Batches+Singles) a statement's mean latency. Its rate against wall time is the slot's
-// occupancy (one slot per process). Below 1, some acquires find the slot free and go alone.
-// Near 1, every acquire waits for the statement in flight and goes in the next: its latency
-// includes that wait, and the instance's rate grows with load only as the batches grow
-// (make bench: 98% busy at both 16 and 64 connections, 7.8 and 28.8 acquires per statement).
+// occupancy (one slot per process). Below 1, some acquires find the slot free and go alone. Near
+// 1, every acquire waits for the statement in flight and goes in the next: its latency includes
+// that wait, and the instance's rate grows with load only as the batches grow (what make bench
+// measured: docs/operations.md "Figures behind the code").
 //
 // Linger is the time the slot spent lingering (LingerMode: waiting, with no statement
 // running, for the callers just answered to come back), summed; not in Busy. LingersGathered
@@ -381,11 +381,10 @@ func (a *Admission) answer(ctx context.Context, p Principal, in AcquireInput, d 
 
 // newOperationID is the id of an operation an acquire may create: a UUIDv7 (RFC 9562 §5.7),
 // whose leading 48 bits are the Unix time in milliseconds, so the operations primary key and
-// attempts(operation_id) grow at their right edge like a sequence instead of taking each id
-// on a random page of the B-tree. Measured over HTTP against UUIDv4, new keys at 64
-// connections in turns on databases grown to 620k operations: +5% acquires/s (median of 8),
-// operations_pkey 30 bytes a row instead of 37. The ids carry no secret (the owner token is
-// the credential, and the acquire time they reveal is in the answer anyway) and keep 62
-// random bits after a 12-bit counter that orders ids within one millisecond in this process,
-// so ids of different processes still differ.
+// attempts(operation_id) grow at their right edge like a sequence instead of taking each id on a
+// random page of the B-tree: more acquires a second and a smaller index than with UUIDv4
+// (measured: docs/operations.md "Figures behind the code"). The ids carry no secret (the owner
+// token is the credential, and the acquire time they reveal is in the answer anyway) and keep 62
+// random bits after a 12-bit counter that orders ids within one millisecond in this process, so
+// ids of different processes still differ.
 func newOperationID() string { return uuid.Must(uuid.NewV7()).String() }

@@ -135,11 +135,11 @@ func (ds *Dashboard) TenantID(ctx context.Context, name string) (int64, error) {
 }
 
 // KeyCountCap is where the Keys page's total stops counting: past it the page says
-// "1,000+ keys". An exact count over a million keys reads every row on each page load (90–125
-// ms measured on PostgreSQL); a capped one stops after KeyCountCap+1 matches. The cap was
-// 10,000 until a state filter was measured at size: its count probes a key row for each
-// operation it walks, so 10,001 matches cost 100–150 ms however large the database, against
-// 15–20 ms for 1,001 (make scale at 200,000 keys; docs/reference.md §5).
+// "1,000+ keys". An exact count over a million keys reads every row on each page load; a capped
+// one stops after KeyCountCap+1 matches. The cap was 10,000 until a state filter was measured
+// at size: its count probes a key row for each operation it walks, so its cost follows the cap
+// however large the database (docs/reference.md §5; figures:
+// docs/operations.md "Figures behind the code").
 const KeyCountCap = 1000
 
 // KeyCount is the Keys page's total: N keys match, or more than Cap when Capped.
@@ -170,9 +170,9 @@ func (ds *Dashboard) CountKeys(ctx context.Context, tenantID *int64, f KeyFilter
 }
 
 // countKeysQuery counts the rows of filter q (from keyFilterQuery, with its order columns),
-// stopping at KeyCountCap+1. In the list's order, so the count walks the list's index and
-// stops at the cap instead of joining every key, which is PostgreSQL's choice for an unordered
-// LIMIT over a join (200 ms at 2,000,000 keys, against 58 ms walking).
+// stopping at KeyCountCap+1. In the list's order, so the count walks the list's index and stops
+// at the cap instead of joining every key, which is PostgreSQL's choice for an unordered LIMIT
+// over a join, and slower at size (measured: docs/operations.md "Figures behind the code").
 func countKeysQuery(tx, q *gorm.DB, atCol, idCol string) *gorm.DB {
 	sub := q.Select("1").Order(atCol + " DESC, " + idCol + " DESC").Limit(KeyCountCap + 1)
 	return tx.Raw("SELECT count(*) FROM (?) AS capped", sub)

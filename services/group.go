@@ -104,10 +104,9 @@ func (s groupedStore) acquire(ctx context.Context, a acquireArgs) (decision, err
 	return s.g.acquire(ctx, a)
 }
 
-// groupMaxInFlight is how many acquire statements group admission runs at once per process.
-// One: acquires arriving while it runs wait and go together in the next one. Measured over
-// HTTP against 4 slots (make bench's load, same run): +28% acquires/s at 16 connections and
-// +18% at 64, with a lower p99 at both; 2 slots sat between. A second statement overlaps a
+// groupMaxInFlight is how many acquire statements group admission runs at once per process. One:
+// acquires arriving while it runs wait and go together in the next one. Two or four slots were
+// slower (measured: docs/operations.md "Figures behind the code"): a second statement overlaps a
 // commit's WAL flush, but halves the batches that share one. groupMaxItems bounds a batch.
 const (
 	groupMaxInFlight = 1

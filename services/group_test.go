@@ -441,8 +441,8 @@ func TestGrouperCountsEveryAcquireOnce(t *testing.T) {
 // open, no longer than the test's own span (one slot runs one statement at a time), batches
 // and batches of one included; the time an acquire spends decided alone after a lock timeout
 // is outside the slot and not counted. Before busyNanos there was no measure of the slot's
-// occupancy: whether acquires find it free or wait for the statement in flight (README,
-// Performance).
+// occupancy: whether acquires find it free or wait for the statement in flight
+// (docs/operations.md, "What bounds the rate").
 func TestGrouperCountsSlotBusyTime(t *testing.T) {
 	f := &fakeStore{gate: make(chan struct{})}
 	g := newFakeGrouper(f, 1)

@@ -10,13 +10,10 @@ import (
 // callers that statement just answered have sent their next acquires, so that those go in one
 // statement with the acquires already waiting instead of in a statement of their own. Fewer,
 // larger statements pay a statement's fixed cost (a round trip, the executor's start-up, a
-// commit's WAL flush) fewer times. Measured over HTTP on a 2-core machine with PostgreSQL and
-// the load on the same cores (sets of 5-6 pairs of 8-10 s runs in turns, or make bench's 3,
-// medians), lingering against not: a retry storm on one key 1.06–1.12× the acquires per second
-// at 16 connections and 0.98–1.03× at 64; new keys 1.04–1.05× at 16. New keys at 64
-// connections, where batches are large without it, gain nothing beyond the noise: set medians
-// 0.93–1.20×, 0.99× over six pairs in rotated order. At 16 connections the statements held
-// 15.7 acquires instead of 7.7, and PostgreSQL's CPU per acquire fell by a third.
+// commit's WAL flush) fewer times. At moderate concurrency the statements hold about twice the
+// acquires and PostgreSQL's CPU per acquire falls; at high concurrency, where batches are large
+// without it, it gains nothing beyond the noise (measured:
+// docs/operations.md "Figures behind the code").
 //
 // Lingering pays only when the callers answered come back within about a statement's time, as
 // callers retrying or working through a queue back to back do; hence off by default. Callers
@@ -28,9 +25,8 @@ type LingerMode int
 const (
 	// LingerOff, the default, never lingers: a statement starts as soon as the previous one
 	// ends, with whatever waits (group admission before lingering existed). Callers that pause
-	// between acquires lose with any lingering: 16 callers each pausing up to 3 ms answered
-	// 0.74–0.77× as many acquires a second under LingerAuto and 0.62–0.66× under LingerOn (three
-	// rounds of 5 s in turns).
+	// between acquires lose with any lingering, under LingerOn most (measured:
+	// docs/operations.md "Figures behind the code").
 	LingerOff LingerMode = iota
 	// LingerAuto lingers while lingering gathers what it waits for: a linger that ends at its
 	// bound with fewer than half of it makes the slot skip the next ones (see lingerControl).
@@ -72,12 +68,10 @@ const groupMaxLinger = 5 * time.Millisecond
 
 // groupLingerTarget is the most acquires a linger waits for, and a slot with that many waiting
 // does not linger at all. A statement's cost is a fixed part (round trip, executor start-up,
-// commit) and a part per acquire: measured with pgbench from one client, 0.49 ms for 1 new key,
-// 0.85 ms for 8 and 1.18 ms for 16, about 0.45 ms plus 45 µs a key, so by 16 acquires the
-// fixed part is under 40% of the statement and a larger batch saves little. Beyond it lingering
-// only idles the slot: at 64 connections, where batches held 27 acquires without lingering,
-// lingering for all of them to come back (batches of 45 to 60) decided 8–12% fewer acquires a
-// second (5 to 8 pairs of runs in turns).
+// commit) and a part per acquire, and by 16 acquires the fixed part is under half of the
+// statement, so a larger batch saves little. Beyond it lingering only idles the slot: at high
+// concurrency, lingering for every caller to come back decided fewer acquires a second
+// (measured: docs/operations.md "Figures behind the code").
 const groupLingerTarget = 16
 
 // lingerMaxSkip bounds LingerAuto's backoff: after lingers that keep ending at their bound, one

@@ -15,7 +15,8 @@ import (
 // 1 in 60 a duplicate, and 20,000 operations, over 60 days), the Audit's walks, its page's
 // counts and the Overview's figures read
 // along the indexes and tables of the read side, not across the attempt log. No timing: a
-// query that stops using its index fails here, on any machine (docs: README "Scale").
+// query that stops using its index fails here, on any machine (docs/operations.md "At size:
+// make scale").
 func TestReadSidePlansUseTheirIndexes(t *testing.T) {
 	t.Parallel()
 	onPostgres(t, func(t *testing.T, b *testBundle) {

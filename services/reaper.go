@@ -199,10 +199,9 @@ func (r *Reaper) expireHolds(ctx context.Context, res *ReapResult) error {
 //
 // A statement per chunk, not per hold: nearly every expired hold is one whose operation has
 // ended (a succeeded operation holds its key until the TTL), and clearing such holds one at a
-// time (an update and a read of the operation each) ran at about 1,050 a second, and at about
-// 1,230 with 100 to a transaction (make scale's reaper pass at 200,000 keys): fewer than a
-// service admitting 1,500 keys a second creates. A chunk per statement: 6,750 a second there
-// (with the baseline migration's jit = off), 15,500 over 9,500 holds. The key rows are first locked in (tenant, key)
+// time (an update and a read of the operation each), even many to a transaction, cleared fewer a
+// second than a busy service creates (make scale's reaper pass:
+// docs/operations.md "Figures behind the code"). The key rows are first locked in (tenant, key)
 // order, the order batch acquires lock theirs (acquireMany), and the operations after them, as
 // every writer does, so the chunk cannot close a cycle of lock waits with a batch, a release or
 // a takeover.
@@ -263,13 +262,11 @@ type purgeCandidate struct {
 
 // purgeYield is how long the purge pauses after each batch, as a multiple of the time the batch
 // took: 1 keeps it to about half of the time, whatever the machine, so a backlog is cleared
-// steadily without taking the database from acquires. What a batch costs acquires is mostly
-// its WAL: at 1,000 operations a batch writes about 2 MB (most of it full-page images after a
-// checkpoint), and every acquire's commit waits for the WAL flush that carries it. Measured on
-// PostgreSQL at 50,000 keys beside 300 acquires/s (the same 21,460 operations each time, a
-// 2-core machine): without pauses 8,600-10,800 operations/s and the acquires' p99 2.5-2.7 times
-// their p99 without the purge; with purgeYield 1, 6,900/s and 1.8 times; with 3 and batches of
-// 250, 3,600/s and 1.6 times. Alone the purge runs at about half its unpaused rate.
+// steadily without taking the database from acquires. What a batch costs acquires is mostly its
+// WAL (most of it full-page images after a checkpoint): every acquire's commit waits for the WAL
+// flush that carries it. Pausing trades some of the purge's rate for the acquires' p99; alone
+// the purge runs at about half its unpaused rate (measured:
+// docs/operations.md "Figures behind the code").
 const purgeYield = 1.0
 
 // sleepCtx waits for d, or returns ctx's error if ctx ends first.

@@ -74,9 +74,10 @@ func (*pgStore) hourOf(col string) string {
 // common case) is admitted by the plain data-modifying CTE `ins`/`op`/`att`; only when the key
 // already exists (or a concurrent acquire inserted it first) does the statement call the
 // idemgate_acquire function, which decides duplicate, conflict, attempt_id retry or takeover.
-// The function sits behind a one-time filter on NOT EXISTS (ins), so it runs only then.
-// Skipping PL/pgSQL for new keys measured +15% acquires/s (pgbench, 16 clients). The operation
-// names its key row (key_id, from `ins`), so the operations_key_id trigger is not called.
+// The function sits behind a one-time filter on NOT EXISTS (ins), so it runs only then: skipping
+// PL/pgSQL for new keys is faster (measured: docs/operations.md "Figures behind the code"). The
+// operation names its key row (key_id, from `ins`), so the operations_key_id trigger is not
+// called.
 const acquireSQL = `WITH now AS (SELECT clock_timestamp() AS t,
   set_config('lock_timeout', COALESCE($13::text, current_setting('lock_timeout')), true) AS lock_timeout),
 ins AS (

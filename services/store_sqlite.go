@@ -34,10 +34,10 @@ func (sqliteStore) probeJoin(table, alias, cond string) string {
 func (sqliteStore) inEveryTenant(col string) string { return col + " IN (SELECT id FROM tenants)" }
 
 // purgeBatch: a batch holds the only write lock, which every acquire waits for, so it is a
-// tenth of PostgreSQL's and an acquire arriving mid-purge waits for about 10 ms rather than
-// 100 (make scale DB=sqlite N=20000: acquires' p99 beside the purge was 37 times their p99
-// without it at batches of 1,000, 27 times at 100 — still 132 ms; what holds the lock that
-// long is not yet profiled).
+// tenth of PostgreSQL's and an acquire arriving mid-purge waits about a tenth as long.
+// Acquires' p99 beside the purge is still many times their p99 without it, and what holds the
+// lock that long is not yet profiled (make scale DB=sqlite: docs/operations.md "Figures behind
+// the code").
 func (sqliteStore) purgeBatch() int { return 100 }
 
 func (sqliteStore) reapTxBatch() int { return 20 }

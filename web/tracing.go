@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Span attributes of idemgate's own (README "Tracing"). Secrets never become attributes: not
+// Span attributes of idemgate's own (docs/operations.md "Tracing"). Secrets never become attributes: not
 // the API key, owner tokens, session ids or passwords, and the idempotency key only when
 // Config.TraceKeys is set (else its digest, attrKeyHash).
 const (

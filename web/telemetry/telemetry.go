@@ -1,6 +1,6 @@
 // Package telemetry sets up OpenTelemetry tracing for idemgate from the standard OTEL_*
-// environment variables (the README's "Tracing" section says what is recorded). Tracing is on only when
-// an OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT or
+// environment variables (docs/operations.md, "Tracing", says what is recorded). Tracing is on
+// only when an OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); otherwise Setup installs nothing, and the HTTP layer
 // and the database open without any instrumentation, so an untraced server pays nothing.
 package telemetry

@@ -10,7 +10,12 @@
 //
 //	idem, err := client.New("http://127.0.0.1:8080", os.Getenv("IDEMGATE_API_KEY"))
 //	app.Post("/v1/charges", fibermw.New(fibermw.Config{Client: idem}), charge)
-//	// client side: curl -XPOST …/v1/charges -H "Idempotency-Key: $(uuidgen)" -d '{"amount":1200}'
+//
+// Clients send a fresh key per request and reuse it on every retry of that request:
+//
+//	KEY=$(cat /proc/sys/kernel/random/uuid)   # or uuidgen, or any unique string
+//	curl -XPOST localhost:3000/v1/charges -H "Idempotency-Key: $KEY" \
+//	  -H 'Content-Type: application/json' -d '{"amount":1200}'
 //
 // A complete service (psp stands for your payment provider's client):
 //
@@ -82,6 +87,42 @@
 //     context.WithoutCancel with Config.WriteTimeout, and the client retries it safely.
 //   - If idemgate cannot be asked, the request is refused with 503 and Retry-After and the
 //     handler does not run (unless Config.FailOpen).
+//
+// # Keys
+//
+// A guarded request (Config.Methods: POST and PATCH by default) without Idempotency-Key is
+// refused with 400 (Config.Required decides), and so is a malformed key or two
+// Idempotency-Key headers. Keys follow idemgate's rules: 1–255 bytes of UTF-8, no control
+// characters, compared byte-exact; the draft's quoted form "…" is accepted too. At idemgate a
+// key is held scoped by method and route pattern ("POST /v1/charges|<key>" on the dashboard)
+// and by the idemgate tenant of the client's API key; if your service has users of its own,
+// have Config.Scope return the user's id. A key whose scoped form would pass 255 bytes is held
+// hashed ("POST /v1/charges#<sha256>").
+//
+// # In a handler
+//
+// FromContext gives the admitted request's Info: its operation id and fencing token (pass it
+// to destinations that can reject stale attempts) and, when the key's previous operation did
+// not end cleanly, PreviousOperation. SetReceipt records the destination's reference with the
+// outcome. NoEffect says the request changed nothing, so the key is released and a retry runs
+// the handler again; 408, 425 and 429 answers count as "nothing happened" too
+// (Config.NoEffectStatus).
+//
+// With Config.Wait (e.g. 30 * time.Second) a duplicate that arrives while the original runs
+// waits for its outcome (a long poll at idemgate, nothing polled here) and gets the original
+// response replayed instead of 409 request_in_progress; if the original said NoEffect, the
+// duplicate runs the handler itself, and after Wait with no outcome it gets the 409. With
+// Config.Lease (e.g. 10 * time.Second) the middleware renews the lease every Lease/3 while
+// the handler runs; when a renew is refused, c.UserContext() is cancelled and
+// context.Cause wraps client.ErrLeaseLost: stop touching the destination.
+//
+// # Answers of the middleware
+//
+// The middleware's own answers are problem+json (WriteProblem, or Config.Respond) with these
+// codes: idempotency_key_missing (400), idempotency_key_invalid (400), fingerprint_mismatch
+// (422), request_in_progress (409, with Retry-After), outcome_uncertain (409),
+// response_unavailable (409) and idempotency_unavailable (503, with Retry-After); the Code…
+// constants name them.
 //
 // # Compared with Fiber's idempotency middleware
 //
