@@ -100,9 +100,10 @@ func serve(ctx context.Context, env Env) error {
 		defer stopPprof()
 	}
 	auth := services.NewAuth(db, log)
+	accounts := services.NewAccounts(db, log, auth)
 	go auth.WarmUp()
 	bctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
-	boot, err := auth.Bootstrap(bctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
+	boot, err := accounts.Bootstrap(bctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
 	cancel()
 	if err != nil {
 		log.Error("cannot bootstrap", "err", err)
@@ -147,7 +148,7 @@ func serve(ctx context.Context, env Env) error {
 	srv := web.New(web.Config{
 		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithLinger(cfg.GroupLinger).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
 		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
-		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
+		Auth: auth, Accounts: accounts, Log: log, DB: sqlDB, Pool: db.Pool,
 		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout, Awaiter: awaiter,
 		TracerProvider: tel.TracerProvider, TraceKeys: tel.TraceKeys,

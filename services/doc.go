@@ -16,8 +16,11 @@
 //     for a global account.
 //   - Audit (audit.go): duplicate attempts and possible duplicate effects, and the CSV export.
 //   - Reaper (reaper.go): expiry of holds and retention.
-//   - Auth (auth.go, admin.go) and SessionStore (session_store.go): API keys, operator
-//     accounts and dashboard sessions.
+//   - Auth (auth.go): authentication, API keys on every API request (cached) and operators
+//     at sign-in and on every dashboard request; SessionStore (session_store.go): dashboard
+//     sessions.
+//   - Accounts (accounts.go, operators.go): administration of API keys, tenants and operator
+//     accounts, by a global admin or the installation itself, and the first start's Bootstrap.
 //
 // The vocabulary (states, attempt results, roles, event kinds) is in vocabulary.go; the rules
 // of the state machine (admission, expiry to uncertain, outcome moves, release, possible

@@ -44,6 +44,7 @@ func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 	ctx, stop := context.WithCancel(context.Background())
 	go aw.Run(ctx)
 	t.Cleanup(stop)
+	auth := services.NewAuth(db, log)
 	return Config{
 		Awaiter:        aw,
 		Admission:      services.NewAdmission(db, log, 0).WithGroupAdmission(true),
@@ -51,7 +52,8 @@ func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 		Reconciliation: services.NewReconciliation(db),
 		Dashboard:      services.NewDashboard(db),
 		Audit:          services.NewAudit(db),
-		Auth:           services.NewAuth(db, log),
+		Auth:           auth,
+		Accounts:       services.NewAccounts(db, log, auth),
 		Log:            log,
 		DB:             sqlDB,
 		Pool:           db.Pool,

@@ -35,7 +35,11 @@ type Config struct {
 	Dashboard *services.Dashboard
 	// Audit answers the Audit page and its CSV export.
 	Audit *services.Audit
-	Auth  *services.Auth
+	// Auth authenticates API keys and operators.
+	Auth *services.Auth
+	// Accounts administers API keys and operator accounts (the admin page); give it Auth
+	// (services.NewAccounts), so that a key revoked there stops working here at once.
+	Accounts *services.Accounts
 	// Log is where requests are logged: one access line each, and errors. Wrap its handler
 	// with logging.NewHandler so every line logged during a request carries its request_id.
 	Log *slog.Logger
@@ -123,6 +127,7 @@ type Server struct {
 	dash     *services.Dashboard
 	audit    *services.Audit
 	auth     *services.Auth
+	accounts *services.Accounts
 	db       *sql.DB
 	sessions *session.Store
 	metrics  *metrics
@@ -145,12 +150,12 @@ type Server struct {
 func New(cfg Config) *Server {
 	for name, missing := range map[string]bool{"Admission": cfg.Admission == nil, "Reads": cfg.Reads == nil,
 		"Reconciliation": cfg.Reconciliation == nil, "Dashboard": cfg.Dashboard == nil, "Audit": cfg.Audit == nil,
-		"Auth": cfg.Auth == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
+		"Auth": cfg.Auth == nil, "Accounts": cfg.Accounts == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
 		if missing {
 			panic("web.New: Config." + name + " is required")
 		}
 	}
-	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
+	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.DB, secure: cfg.SecureCookies,
 		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout

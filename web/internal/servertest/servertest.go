@@ -33,8 +33,9 @@ type Server struct {
 	// APIKey is the API key of a tenant created for this server.
 	APIKey string
 	// DB is the database the server uses.
-	DB   *models.DB
-	Auth *services.Auth
+	DB *models.DB
+	// Accounts creates API keys (NewAPIKey).
+	Accounts *services.Accounts
 }
 
 // Start serves a new idemgate server over db on 127.0.0.1:0 until the test ends, with a fresh
@@ -61,6 +62,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		return nil, nil, err
 	}
 	auth := services.NewAuth(db, log)
+	accounts := services.NewAccounts(db, log, auth)
 	awaiter := services.NewAwaiter(db, services.AwaiterConfig{Log: log})
 	srv := web.New(web.Config{
 		Awaiter:        awaiter,
@@ -70,6 +72,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		Dashboard:      services.NewDashboard(db),
 		Audit:          services.NewAudit(db),
 		Auth:           auth,
+		Accounts:       accounts,
 		Log:            log,
 		DB:             sqlDB,
 		Sessions:       services.NewSessionStore(db),
@@ -92,7 +95,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		<-done
 		stopAwait()
 	}
-	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Auth: auth}
+	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Accounts: accounts}
 	if s.APIKey, err = s.createAPIKey(); err != nil {
 		stop()
 		return nil, nil, err
@@ -113,7 +116,7 @@ func (s *Server) NewAPIKey(tb testing.TB) string {
 func (s *Server) createAPIKey() (string, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return s.Auth.CreateAPIKey(context.Background(), "t-"+hex.EncodeToString(b), "test", "")
+	return s.Accounts.CreateAPIKey(context.Background(), nil, "t-"+hex.EncodeToString(b), "test", "")
 }
 
 // OpenThrough opens a second connection pool to the PostgreSQL database at pgURL through a
