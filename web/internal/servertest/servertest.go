@@ -61,28 +61,14 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	auth := services.NewAuth(db, log)
-	accounts := services.NewAccounts(db, log, auth)
-	awaiter := services.NewAwaiter(db, services.AwaiterConfig{Log: log})
-	srv := web.New(web.Config{
-		Awaiter:        awaiter,
-		Admission:      services.NewAdmission(db, log, 0),
-		Reads:          services.NewReads(db),
-		Reconciliation: services.NewReconciliation(db),
-		Dashboard:      services.NewDashboard(db),
-		Audit:          services.NewAudit(db),
-		Auth:           auth,
-		Accounts:       accounts,
-		Log:            log,
-		DB:             sqlDB,
-		Sessions:       services.NewSessionStore(db),
-	})
+	svc := services.New(db, log, services.Options{})
+	srv := web.New(web.Config{Services: svc, Log: log, DB: sqlDB})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
 	}
 	awaitCtx, stopAwait := context.WithCancel(context.Background())
-	go awaiter.Run(awaitCtx)
+	go svc.Awaiter.Run(awaitCtx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -95,7 +81,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		<-done
 		stopAwait()
 	}
-	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Accounts: accounts}
+	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Accounts: svc.Accounts}
 	if s.APIKey, err = s.createAPIKey(); err != nil {
 		stop()
 		return nil, nil, err
