@@ -374,6 +374,7 @@ func (rc *Reconciliation) runJob(ctx context.Context, job *models.Reconciliation
 			continue
 		}
 		changed := false
+		var decided Decision
 		err := rc.db.Tx(ctx, func(tx *gorm.DB) error {
 			now, err := rc.db.Now(ctx, tx)
 			if err != nil {
@@ -409,13 +410,14 @@ func (rc *Reconciliation) runJob(ctx context.Context, job *models.Reconciliation
 			if changed, err = applyOutcome(tx, op, job.Outcome, nil, rawJSON(op.OutcomeResponse), &note, false, job.Actor, now); err != nil {
 				return err
 			}
+			decided = Decision{Key: op.Key, OperationID: op.ID, FencingToken: op.FencingToken}
 			return tx.Model(&models.ReconciliationJobItem{}).Where("job_id = ? AND operation_id = ?", job.ID, id).
 				Update("result", ItemDone).Error
 		})
 		if errors.Is(err, errItemTaken) {
 			continue
 		}
-		observeOutcome(ctx, rc.obs, SourceOperator, job.Outcome, changed, err)
+		observeOutcome(ctx, rc.obs, SourceOperator, job.Outcome, changed, err, decided)
 		if err != nil {
 			return storeError("run reconciliation job", err)
 		}

@@ -327,7 +327,7 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 // receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
 // state; recording the same status and receipt again succeeds and changes nothing),
 // ErrStoreUnavailable.
-func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (_ *Operation, err error) {
+func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (out *Operation, err error) {
 	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
@@ -339,8 +339,9 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 		return nil, err
 	}
 	changed := false
-	defer func() { observeOutcome(ctx, rc.obs, SourceOperator, in.Status, changed, err) }()
-	var out *Operation
+	defer func() {
+		observeOutcome(ctx, rc.obs, SourceOperator, in.Status, changed, err, operationDecision("", out))
+	}()
 	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
 		if _, err := rc.operatorOpRow(tx, acct, id); err != nil {
 			return err
@@ -394,7 +395,7 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 // in_progress operation whose lease lapsed within its TTL, which is made uncertain,
 // lease_expired_without_outcome, in the same transaction first, as acquire, renew and the API
 // release do: docs/reference.md §8), ErrInvalidTransition (already released), ErrStoreUnavailable.
-func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
+func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (out *Operation, err error) {
 	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
@@ -405,8 +406,7 @@ func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAcc
 	if err := in.validate(id); err != nil {
 		return nil, err
 	}
-	defer func() { observeRelease(ctx, rc.obs, SourceOperator, err) }()
-	var out *Operation
+	defer func() { observeRelease(ctx, rc.obs, SourceOperator, err, operationDecision("", out)) }()
 	lapsed := false
 	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
 		seen, err := rc.operatorOpRow(tx, acct, id)

@@ -69,8 +69,9 @@ type Config struct {
 	// Retry-After at once instead of queueing on the pool.
 	MaxConcurrentExports int
 	// TracerProvider, when not nil, gets a server span for every request (tracing.go:
-	// traceRequests) with the decision's attributes, and the access lines and latency
-	// exemplars carry its trace id. nil is tracing off: no middleware is installed at all.
+	// traceRequests) with the decision's attributes (the services report it to the server's
+	// Observer, observer.go), and the access lines and latency exemplars carry its trace id.
+	// nil is tracing off: no middleware is installed at all.
 	TracerProvider trace.TracerProvider
 	// TraceKeys lets raw idempotency keys onto spans (IDEMGATE_TRACE_KEYS); without it only
 	// their digest is recorded (idemgate.key_hash).
@@ -117,7 +118,9 @@ type Server struct {
 	db       *sql.DB
 	sessions *session.Store
 	metrics  *metrics
-	secure   bool
+	// obs reports the services' decisions to metrics and to request spans (observer.go).
+	obs    *observer
+	secure bool
 	// storeTimeout bounds the database work of each request (Config.StoreTimeout).
 	storeTimeout time.Duration
 	// writeTimeout is the idle bound of each response's writes (Config.WriteTimeout).
@@ -173,7 +176,8 @@ func New(cfg Config) *Server {
 	} else if cfg.DB != nil {
 		registerDBStats(reg, cfg.DB)
 	}
-	s.adm = cfg.Admission.WithObserver(s.metrics)
+	s.obs = &observer{metrics: s.metrics, traceKeys: cfg.TraceKeys}
+	s.adm = cfg.Admission.WithObserver(s.obs)
 	registerGroupStats(reg, s.adm.GroupStats)
 	var webhookStats func() services.WebhookStats
 	if cfg.Dispatcher != nil {
@@ -184,7 +188,7 @@ func New(cfg Config) *Server {
 	if cfg.Awaiter != nil {
 		registerWaiters(reg, cfg.Awaiter)
 	}
-	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
+	s.recon = cfg.Reconciliation.WithObserver(s.obs)
 	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
 	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))
 	s.sessions = session.New(session.Config{
@@ -217,9 +221,9 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Observer returns the server's metrics as a services.Observer, for the reaper that runs
-// beside it (services.Reaper.WithObserver): its passes then show in the server's /metrics.
-func (s *Server) Observer() services.Observer { return s.metrics }
+// Observer returns the server's services.Observer (metrics and spans), for the reaper that
+// runs beside it (services.Reaper.WithObserver): its passes then show in the server's /metrics.
+func (s *Server) Observer() services.Observer { return s.obs }
 
 // Serve serves on an already bound listener until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
