@@ -11,8 +11,7 @@
 //     owner's outcome and the owner-checked release.
 //   - Reads (reads.go, queue.go): a tenant's API reads of keys, operations and attempts.
 //   - Reconciliation (reconciliation.go): operators' confirmed outcomes and releases.
-//   - Dashboard (dashboard.go, overview.go, queue.go; the detail page in reconciliation.go,
-//     beside the actions it offers): the dashboard's pages, across tenants
+//   - Dashboard (dashboard.go, overview.go, queue.go): the dashboard's pages, across tenants
 //     for a global account.
 //   - Audit (audit.go): duplicate attempts and possible duplicate effects, and the CSV export.
 //   - Reaper (reaper.go): expiry of holds and retention.
