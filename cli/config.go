@@ -154,44 +154,136 @@ func variable(name string) Variable {
 // LoadConfig reads Config through getenv and validates it; every problem is reported at once.
 // Only the variables of the Variables table are read, unset ones take its Default.
 func LoadConfig(getenv func(string) string) (Config, error) {
-	raw := getenv
-	getenv = func(name string) string {
-		if v := raw(name); v != "" {
+	r := &envReader{getenv: withDefaults(getenv)}
+	c := Config{
+		Addr:            r.get("IDEMGATE_ADDR"),
+		DatabaseURL:     r.get("DATABASE_URL"),
+		SQLitePath:      r.get("IDEMGATE_SQLITE_PATH"),
+		AdminPassword:   r.get("IDEMGATE_ADMIN_PASSWORD"),
+		BootstrapAPIKey: r.get("IDEMGATE_BOOTSTRAP_API_KEY"),
+		LogFormat:       r.get("IDEMGATE_LOG_FORMAT"),
+		MetricsToken:    r.get("IDEMGATE_METRICS_TOKEN"),
+		PprofAddr:       r.get("IDEMGATE_PPROF_ADDR"),
+	}
+	r.refuse(addrProblems(c.Addr)...)
+	readDurations(r, &c)
+	r.refuse(durationProblems(c)...)
+	readSwitches(r, &c)
+	c.ListenDatabaseURL = r.get("IDEMGATE_LISTEN_DATABASE_URL")
+	if c.ListenDatabaseURL == "" {
+		c.ListenDatabaseURL = c.DatabaseURL
+	}
+	c.MaxWaiters = r.integer("IDEMGATE_MAX_WAITERS", 1, 1000000)
+	c.DBMaxConns = r.integer("IDEMGATE_DB_MAX_CONNS", 1, 1000)
+	r.refuse(logFormatProblems(c.LogFormat)...)
+	c.LogLevel = r.logLevel("IDEMGATE_LOG_LEVEL")
+	r.refuse(accessProblems(c)...)
+	return c, errors.Join(r.errs...)
+}
+
+// withDefaults is getenv with the Default of Variables for a variable unset or empty.
+func withDefaults(getenv func(string) string) func(string) string {
+	return func(name string) string {
+		if v := getenv(name); v != "" {
 			return v
 		}
 		return variable(name).Default
 	}
-	c := Config{
-		Addr:            getenv("IDEMGATE_ADDR"),
-		DatabaseURL:     getenv("DATABASE_URL"),
-		SQLitePath:      getenv("IDEMGATE_SQLITE_PATH"),
-		AdminPassword:   getenv("IDEMGATE_ADMIN_PASSWORD"),
-		BootstrapAPIKey: getenv("IDEMGATE_BOOTSTRAP_API_KEY"),
-		LogFormat:       getenv("IDEMGATE_LOG_FORMAT"),
-		MetricsToken:    getenv("IDEMGATE_METRICS_TOKEN"),
-		PprofAddr:       getenv("IDEMGATE_PPROF_ADDR"),
+}
+
+// envReader reads variables through getenv, collecting a problem for each value it cannot
+// use, so that LoadConfig reports them all at once.
+type envReader struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// get returns the variable's value.
+func (r *envReader) get(name string) string { return r.getenv(name) }
+
+// refuse records problems.
+func (r *envReader) refuse(problems ...error) { r.errs = append(r.errs, problems...) }
+
+// duration returns the variable as a positive duration (parseDuration); 0 and a problem when
+// it is not one.
+func (r *envReader) duration(name string) time.Duration {
+	v := r.getenv(name)
+	d, err := parseDuration(v)
+	if err != nil || d <= 0 {
+		r.refuse(fmt.Errorf("%s=%q: want a positive duration such as 30s, 12h or 30d", name, v))
+		return 0
 	}
+	return d
+}
+
+// boolean returns the variable as true or false (strconv.ParseBool); false and a problem when
+// it is neither.
+func (r *envReader) boolean(name string) bool {
+	v := r.getenv(name)
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		r.refuse(fmt.Errorf("%s=%q: want true or false", name, v))
+	}
+	return b
+}
+
+// integer returns the variable as an integer from lo to hi, with a problem when it is not one
+// (the number is returned even when out of range); 0 when it is empty.
+func (r *envReader) integer(name string, lo, hi int) int {
+	v := r.getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		r.refuse(fmt.Errorf("%s=%q: want an integer from %d to %d", name, v, lo, hi))
+	}
+	return n
+}
+
+// logLevel returns the variable as a log level (debug, info, warn or error, in any case);
+// info and a problem when it is none of them, info when it is empty.
+func (r *envReader) logLevel(name string) slog.Level {
+	v := r.getenv(name)
+	switch strings.ToLower(v) {
+	case "", "info":
+		return slog.LevelInfo
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	r.refuse(fmt.Errorf("%s=%q: want debug, info, warn or error", name, v))
+	return slog.LevelInfo
+}
+
+// addrProblems are what is wrong with addr as IDEMGATE_ADDR: it must be host:port.
+func addrProblems(addr string) []error {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return []error{fmt.Errorf("IDEMGATE_ADDR=%q: want host:port such as 127.0.0.1:8080 (or :8080 for every interface)", addr)}
+	}
+	return nil
+}
+
+// readDurations reads the duration variables into c.
+func readDurations(r *envReader, c *Config) {
+	c.MaxTTL = r.duration("IDEMGATE_MAX_TTL")
+	c.Retention = r.duration("IDEMGATE_RETENTION")
+	c.ReapInterval = r.duration("IDEMGATE_REAP_INTERVAL")
+	c.ShutdownTimeout = r.duration("IDEMGATE_SHUTDOWN_TIMEOUT")
+	c.StoreTimeout = r.duration("IDEMGATE_STORE_TIMEOUT")
+	c.StartTimeout = r.duration("IDEMGATE_START_TIMEOUT")
+	c.WebhookPoll = r.duration("IDEMGATE_WEBHOOK_POLL_INTERVAL")
+	c.WebhookTimeout = r.duration("IDEMGATE_WEBHOOK_TIMEOUT")
+}
+
+// durationProblems are the durations of c outside their ranges. One that could not be read
+// (0) has already been refused, so it is not refused again, except where 0 is out of range
+// too.
+func durationProblems(c Config) []error {
 	var errs []error
-	if _, port, err := net.SplitHostPort(c.Addr); err != nil || port == "" {
-		errs = append(errs, fmt.Errorf("IDEMGATE_ADDR=%q: want host:port such as 127.0.0.1:8080 (or :8080 for every interface)", c.Addr))
-	}
-	dur := func(name string, dst *time.Duration) {
-		v := getenv(name)
-		d, err := parseDuration(v)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a positive duration such as 30s, 12h or 30d", name, v))
-			return
-		}
-		*dst = d
-	}
-	dur("IDEMGATE_MAX_TTL", &c.MaxTTL)
-	dur("IDEMGATE_RETENTION", &c.Retention)
-	dur("IDEMGATE_REAP_INTERVAL", &c.ReapInterval)
-	dur("IDEMGATE_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
-	dur("IDEMGATE_STORE_TIMEOUT", &c.StoreTimeout)
-	dur("IDEMGATE_START_TIMEOUT", &c.StartTimeout)
-	dur("IDEMGATE_WEBHOOK_POLL_INTERVAL", &c.WebhookPoll)
-	dur("IDEMGATE_WEBHOOK_TIMEOUT", &c.WebhookTimeout)
 	if c.WebhookPoll > 0 && (c.WebhookPoll < 100*time.Millisecond || c.WebhookPoll > time.Hour) {
 		errs = append(errs, errors.New("IDEMGATE_WEBHOOK_POLL_INTERVAL must be from 100ms to 1h"))
 	}
@@ -218,61 +310,37 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("IDEMGATE_MAX_TTL=%s is beyond the largest TTL the stores hold exactly: at most %d seconds (%s)",
 			c.MaxTTL, services.MaxTTLSeconds, services.MaxTTL))
 	}
-	boolean := func(name string, dst *bool) {
-		v := getenv(name)
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: want true or false", name, v))
-		}
-		*dst = b
-	}
-	boolean("IDEMGATE_GROUP_ADMISSION", &c.GroupAdmission)
-	if m, err := services.ParseLingerMode(getenv("IDEMGATE_GROUP_LINGER")); err != nil {
-		errs = append(errs, fmt.Errorf("IDEMGATE_GROUP_LINGER: %w", err))
+	return errs
+}
+
+// readSwitches reads the variables that turn features on or off, and group admission's linger
+// mode, into c.
+func readSwitches(r *envReader, c *Config) {
+	c.GroupAdmission = r.boolean("IDEMGATE_GROUP_ADMISSION")
+	if m, err := services.ParseLingerMode(r.get("IDEMGATE_GROUP_LINGER")); err != nil {
+		r.refuse(fmt.Errorf("IDEMGATE_GROUP_LINGER: %w", err))
 	} else {
 		c.GroupLinger = m
 	}
-	boolean("IDEMGATE_SECURE_COOKIES", &c.SecureCookies)
-	boolean("IDEMGATE_WEBHOOKS", &c.Webhooks)
-	boolean("IDEMGATE_WEBHOOK_ALLOW_PRIVATE", &c.WebhookAllowPrivate)
-	boolean("IDEMGATE_TRACE_KEYS", &c.TraceKeys)
-	c.ListenDatabaseURL = getenv("IDEMGATE_LISTEN_DATABASE_URL")
-	if c.ListenDatabaseURL == "" {
-		c.ListenDatabaseURL = c.DatabaseURL
-	}
-	if v := getenv("IDEMGATE_MAX_WAITERS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000000 {
-			errs = append(errs, fmt.Errorf("IDEMGATE_MAX_WAITERS=%q: want an integer from 1 to 1000000", v))
-		}
-		c.MaxWaiters = n
-	}
-	if v := getenv("IDEMGATE_DB_MAX_CONNS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			errs = append(errs, fmt.Errorf("IDEMGATE_DB_MAX_CONNS=%q: want an integer from 1 to 1000", v))
-		}
-		c.DBMaxConns = n
-	}
-	switch c.LogFormat {
+	c.SecureCookies = r.boolean("IDEMGATE_SECURE_COOKIES")
+	c.Webhooks = r.boolean("IDEMGATE_WEBHOOKS")
+	c.WebhookAllowPrivate = r.boolean("IDEMGATE_WEBHOOK_ALLOW_PRIVATE")
+	c.TraceKeys = r.boolean("IDEMGATE_TRACE_KEYS")
+}
+
+// logFormatProblems are what is wrong with format as IDEMGATE_LOG_FORMAT: json, text or "".
+func logFormatProblems(format string) []error {
+	switch format {
 	case "", "json", "text":
-	default:
-		errs = append(errs, fmt.Errorf("IDEMGATE_LOG_FORMAT=%q: want json or text", c.LogFormat))
+		return nil
 	}
-	if v := getenv("IDEMGATE_LOG_LEVEL"); v != "" {
-		switch strings.ToLower(v) {
-		case "debug":
-			c.LogLevel = slog.LevelDebug
-		case "info":
-			c.LogLevel = slog.LevelInfo
-		case "warn":
-			c.LogLevel = slog.LevelWarn
-		case "error":
-			c.LogLevel = slog.LevelError
-		default:
-			errs = append(errs, fmt.Errorf("IDEMGATE_LOG_LEVEL=%q: want debug, info, warn or error", v))
-		}
-	}
+	return []error{fmt.Errorf("IDEMGATE_LOG_FORMAT=%q: want json or text", format)}
+}
+
+// accessProblems are what is wrong with the variables that guard access: the metrics token,
+// the profiler's address (loopback only) and the bootstrap secrets.
+func accessProblems(c Config) []error {
+	var errs []error
 	if c.MetricsToken != "" {
 		if msg := services.ValidateAPIKeySecret(c.MetricsToken); msg != "" {
 			errs = append(errs, fmt.Errorf("IDEMGATE_METRICS_TOKEN %s", msg))
@@ -291,7 +359,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.AdminPassword != "" && len(c.AdminPassword) < services.MinPasswordChars {
 		errs = append(errs, fmt.Errorf("IDEMGATE_ADMIN_PASSWORD must be at least %d characters", services.MinPasswordChars))
 	}
-	return c, errors.Join(errs...)
+	return errs
 }
 
 // loopbackAddr reports whether addr is host:port with a loopback host (localhost, 127.0.0.0/8,

@@ -18,18 +18,20 @@ import (
 
 // commandLine is the account the administration commands act as. Whoever runs them holds the
 // database's credentials and could change any row anyway, so the command line is a global
-// admin; "command line" is the "by" of what services log.
+// admin; "command line" is the "by" of what services log. `apikey create`, `apikey revoke` and
+// `operator create` act as the installation instead (services.Accounts, by nil), as Bootstrap
+// does: they print what they did themselves.
 var commandLine = &services.OperatorAccount{Username: "command line", Role: services.RoleAdmin}
 
-// withAuth opens the database (migrating it, like every command) and runs fn with an Auth on
-// it.
-func withAuth(ctx context.Context, env Env, fn func(*services.Auth) error) error {
+// withAccounts opens the database (migrating it, like every command) and runs fn with an
+// Accounts on it.
+func withAccounts(ctx context.Context, env Env, fn func(*services.Accounts) error) error {
 	_, log, db, err := open(ctx, env)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	return fn(services.NewAuth(db, log))
+	return fn(services.NewAccounts(db, log, nil))
 }
 
 // table writes rows under header, aligned in columns.
@@ -65,8 +67,8 @@ func operatorAdminCmds(env Env) []*cobra.Command {
 		Short: "List dashboard accounts: username, role, tenant, created (never password hashes)",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return withAuth(c.Context(), env, func(auth *services.Auth) error {
-				ops, err := auth.ListOperators(c.Context(), commandLine)
+			return withAccounts(c.Context(), env, func(accounts *services.Accounts) error {
+				ops, err := accounts.ListOperators(c.Context(), commandLine)
 				if err != nil {
 					return err
 				}
@@ -87,14 +89,14 @@ func operatorAdminCmds(env Env) []*cobra.Command {
 		Short: "Delete a dashboard account (never the last global admin); its sessions end at their next request",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			return withAuth(c.Context(), env, func(auth *services.Auth) error {
-				op, err := auth.OperatorByUsername(c.Context(), commandLine, args[0])
+			return withAccounts(c.Context(), env, func(accounts *services.Accounts) error {
+				op, err := accounts.OperatorByUsername(c.Context(), commandLine, args[0])
 				if errors.Is(err, services.ErrNotFound) {
 					return fmt.Errorf("no dashboard account is called %q (see idemgate operator list)", args[0])
 				} else if err != nil {
 					return err
 				}
-				err = auth.DeleteOperator(c.Context(), commandLine, op.ID)
+				err = accounts.DeleteOperator(c.Context(), commandLine, op.ID)
 				switch {
 				case errors.Is(err, services.ErrLastAdmin):
 					return fmt.Errorf("refusing to delete %q: it is the last global admin account, and without one nobody can administer "+
@@ -122,14 +124,14 @@ func operatorAdminCmds(env Env) []*cobra.Command {
 			if msg := services.ValidatePassword(password); msg != "" {
 				return fmt.Errorf("password: %s", msg)
 			}
-			return withAuth(c.Context(), env, func(auth *services.Auth) error {
-				op, err := auth.OperatorByUsername(c.Context(), commandLine, args[0])
+			return withAccounts(c.Context(), env, func(accounts *services.Accounts) error {
+				op, err := accounts.OperatorByUsername(c.Context(), commandLine, args[0])
 				if errors.Is(err, services.ErrNotFound) {
 					return fmt.Errorf("no dashboard account is called %q (see idemgate operator list)", args[0])
 				} else if err != nil {
 					return err
 				}
-				if err := auth.SetOperatorPassword(c.Context(), commandLine, op.ID, password); err != nil {
+				if err := accounts.SetOperatorPassword(c.Context(), commandLine, op.ID, password); err != nil {
 					return describe(err)
 				}
 				fmt.Fprintf(env.Stdout, "changed the password of %q\n", op.Username)
@@ -192,13 +194,13 @@ func apikeyListCmd(env Env) *cobra.Command {
 		Short: "List API keys, newest first: prefix, tenant, label, created, last used, revoked (never secrets or hashes)",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return withAuth(c.Context(), env, func(auth *services.Auth) error {
+			return withAccounts(c.Context(), env, func(accounts *services.Accounts) error {
 				if tenant != "" {
-					if err := tenantExists(c.Context(), auth, tenant); err != nil {
+					if err := tenantExists(c.Context(), accounts, tenant); err != nil {
 						return err
 					}
 				}
-				keys, err := auth.ListAPIKeys(c.Context(), commandLine)
+				keys, err := accounts.ListAPIKeys(c.Context(), commandLine)
 				if err != nil {
 					return err
 				}
@@ -218,8 +220,8 @@ func apikeyListCmd(env Env) *cobra.Command {
 }
 
 // tenantExists refuses a --tenant that names no tenant, rather than listing nothing.
-func tenantExists(ctx context.Context, auth *services.Auth, name string) error {
-	tenants, err := auth.ListTenants(ctx, commandLine)
+func tenantExists(ctx context.Context, accounts *services.Accounts, name string) error {
+	tenants, err := accounts.ListTenants(ctx, commandLine)
 	if err != nil {
 		return err
 	}

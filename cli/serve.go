@@ -97,10 +97,16 @@ func serve(ctx context.Context, env Env) error {
 		}
 		defer stopPprof()
 	}
-	auth := services.NewAuth(db, log)
-	go auth.WarmUp()
+	svc := services.New(db, log, services.Options{
+		MaxTTL: cfg.MaxTTL, GroupAdmission: cfg.GroupAdmission, GroupLinger: cfg.GroupLinger,
+		Retention: cfg.Retention, StoreTimeout: cfg.StoreTimeout,
+		MaxWaiters: cfg.MaxWaiters, ListenURL: cfg.ListenDatabaseURL,
+		WebhookAllowPrivate: cfg.WebhookAllowPrivate, Dispatch: cfg.Webhooks,
+		WebhookPoll: cfg.WebhookPoll, WebhookTimeout: cfg.WebhookTimeout,
+	})
+	go svc.Auth.WarmUp()
 	bctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
-	boot, err := auth.Bootstrap(bctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
+	boot, err := svc.Accounts.Bootstrap(bctx, cfg.AdminPassword, cfg.BootstrapAPIKey)
 	cancel()
 	if err != nil {
 		log.Error("cannot bootstrap", "err", err)
@@ -131,35 +137,23 @@ func serve(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
-	var dispatcher *services.Dispatcher
-	var webhookStats func() services.WebhookStats
-	if cfg.Webhooks {
-		dispatcher = services.NewDispatcher(db, log, services.DispatcherConfig{Poll: cfg.WebhookPoll, Timeout: cfg.WebhookTimeout,
-			AllowPrivate: cfg.WebhookAllowPrivate})
-		webhookStats = dispatcher.Stats
-	}
-	awaiter := services.NewAwaiter(db, services.AwaiterConfig{MaxWaiters: cfg.MaxWaiters, ListenURL: cfg.ListenDatabaseURL, Log: log})
 	awaitCtx, stopAwait := context.WithCancel(context.Background())
 	defer stopAwait()
-	go awaiter.Run(awaitCtx)
+	go svc.Awaiter.Run(awaitCtx)
 	srv := web.New(web.Config{
-		Admission: services.NewAdmission(db, log, cfg.MaxTTL).WithLinger(cfg.GroupLinger).WithGroupAdmission(cfg.GroupAdmission), Reads: services.NewReads(db),
-		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
-		Auth: auth, Log: log, DB: sqlDB, Pool: db.Pool,
-		Sessions: services.NewSessionStore(db).WithTimeout(cfg.StoreTimeout), SecureCookies: cfg.SecureCookies,
-		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout, Awaiter: awaiter,
+		Services: svc, Log: log, DB: sqlDB, Pool: db.Pool, SecureCookies: cfg.SecureCookies,
+		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 		TracerProvider: tel.TracerProvider, TraceKeys: tel.TraceKeys,
-		Webhooks: services.NewWebhooks(db, log, cfg.WebhookAllowPrivate), WebhookStats: webhookStats,
 	})
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	defer stopReaper()
-	go services.NewReaper(db, log, cfg.Retention).WithObserver(srv.Observer()).Run(reaperCtx, cfg.ReapInterval)
+	go svc.Reaper.WithObserver(srv.Observer()).Run(reaperCtx, cfg.ReapInterval)
 	// The webhook dispatcher (docs/reference.md §10) stops with the reaper: an in-flight POST is
 	// cancelled and its claim lapses, so another instance (or this one after a restart)
 	// delivers it again with the same webhook-id.
 	dispatcherDone := make(chan struct{})
-	if dispatcher != nil {
-		go func() { defer close(dispatcherDone); dispatcher.Run(reaperCtx) }()
+	if svc.Dispatcher != nil {
+		go func() { defer close(dispatcherDone); svc.Dispatcher.Run(reaperCtx) }()
 	} else {
 		close(dispatcherDone)
 	}

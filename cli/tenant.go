@@ -15,8 +15,8 @@ func tenantCmd(env Env) *cobra.Command {
 		Short: "List tenants: name, API keys (active / all), created",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return withAuth(c.Context(), env, func(auth *services.Auth) error {
-				tenants, err := auth.ListTenants(c.Context(), commandLine)
+			return withAccounts(c.Context(), env, func(accounts *services.Accounts) error {
+				tenants, err := accounts.ListTenants(c.Context(), commandLine)
 				if err != nil {
 					return err
 				}

@@ -16,16 +16,16 @@ func TestAccountAdministrationNeedsAGlobalAdmin(t *testing.T) {
 	t.Parallel()
 	for _, db := range freshDBs(t) {
 		t.Run(string(db.Dialect), func(t *testing.T) {
-			auth := NewAuth(db, nil)
-			_, err := auth.CreateAPIKey(bg, "shop", "", "")
+			accounts := NewAccounts(db, nil, nil)
+			_, err := accounts.CreateAPIKey(bg, nil, "shop", "", "")
 			require.NoError(t, err)
 			shop := tenantID(t, db, "shop")
 			for _, acct := range []*OperatorAccount{nil, {Role: RoleOperator}, {Role: RoleAdmin, TenantID: &shop}} {
-				_, err := auth.ListTenants(bg, acct)
+				_, err := accounts.ListTenants(bg, acct)
 				require.ErrorIs(t, err, ErrUnauthorized)
-				_, err = auth.OperatorByUsername(bg, acct, "x")
+				_, err = accounts.OperatorByUsername(bg, acct, "x")
 				require.ErrorIs(t, err, ErrUnauthorized)
-				require.ErrorIs(t, auth.SetOperatorPassword(bg, acct, 1, "a-long-enough-password"), ErrUnauthorized)
+				require.ErrorIs(t, accounts.SetOperatorPassword(bg, acct, 1, "a-long-enough-password"), ErrUnauthorized)
 			}
 		})
 	}
@@ -39,20 +39,21 @@ func TestSetOperatorPasswordConcurrently(t *testing.T) {
 	for _, db := range freshDBs(t) {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			auth := NewAuth(db, nil)
-			op, err := auth.CreateOperator(bg, "carol", "the-old-password", RoleOperator, "")
+			accounts := NewAccounts(db, nil, auth)
+			op, err := accounts.CreateOperator(bg, nil, "carol", "the-old-password", RoleOperator, "")
 			require.NoError(t, err)
-			got, err := auth.OperatorByUsername(bg, admin, "carol")
+			got, err := accounts.OperatorByUsername(bg, admin, "carol")
 			require.NoError(t, err)
 			require.Equal(t, op.ID, got.ID)
-			_, err = auth.OperatorByUsername(bg, admin, "nobody")
+			_, err = accounts.OperatorByUsername(bg, admin, "nobody")
 			require.ErrorIs(t, err, ErrNotFound)
-			require.ErrorIs(t, auth.SetOperatorPassword(bg, admin, op.ID, "short"), ErrInvalidRequest)
-			require.ErrorIs(t, auth.SetOperatorPassword(bg, admin, op.ID+1000, "a-long-enough-password"), ErrNotFound)
+			require.ErrorIs(t, accounts.SetOperatorPassword(bg, admin, op.ID, "short"), ErrInvalidRequest)
+			require.ErrorIs(t, accounts.SetOperatorPassword(bg, admin, op.ID+1000, "a-long-enough-password"), ErrNotFound)
 
 			passwords := []string{"new-password-one", "new-password-two", "new-password-three", "new-password-four"}
 			var wg sync.WaitGroup
 			for _, pw := range passwords {
-				wg.Go(func() { assert.NoError(t, auth.SetOperatorPassword(bg, admin, op.ID, pw)) })
+				wg.Go(func() { assert.NoError(t, accounts.SetOperatorPassword(bg, admin, op.ID, pw)) })
 			}
 			wg.Wait()
 			works := 0
@@ -74,16 +75,16 @@ func TestListTenantsCountsKeys(t *testing.T) {
 	admin := &OperatorAccount{Username: "test", Role: RoleAdmin}
 	for _, db := range freshDBs(t) {
 		t.Run(string(db.Dialect), func(t *testing.T) {
-			auth := NewAuth(db, nil)
-			s1, err := auth.CreateAPIKey(bg, "b-tenant", "", "")
+			accounts := NewAccounts(db, nil, nil)
+			s1, err := accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
 			require.NoError(t, err)
-			_, err = auth.CreateAPIKey(bg, "b-tenant", "", "")
+			_, err = accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
 			require.NoError(t, err)
-			_, err = auth.CreateAPIKey(bg, "a-tenant", "", "")
+			_, err = accounts.CreateAPIKey(bg, nil, "a-tenant", "", "")
 			require.NoError(t, err)
-			_, err = auth.RevokeAPIKey(bg, s1)
+			_, err = accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: s1})
 			require.NoError(t, err)
-			ts, err := auth.ListTenants(bg, admin)
+			ts, err := accounts.ListTenants(bg, admin)
 			require.NoError(t, err)
 			require.Len(t, ts, 2)
 			require.Equal(t, "a-tenant", ts[0].Name)

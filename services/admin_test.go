@@ -18,7 +18,7 @@ import (
 // adminIsolated runs fn on a fresh, empty PostgreSQL database and a fresh SQLite file: the
 // last-admin rule counts every account of the installation, so it cannot be tested on the
 // package's shared database where other tests create admins in parallel.
-func adminIsolated(t *testing.T, fn func(t *testing.T, a *Auth, db *models.DB)) {
+func adminIsolated(t *testing.T, fn func(t *testing.T, a *Accounts, db *models.DB)) {
 	t.Helper()
 	ctx := context.Background()
 	pgURL, drop, err := modeltest.CreatePostgres()
@@ -34,7 +34,7 @@ func adminIsolated(t *testing.T, fn func(t *testing.T, a *Auth, db *models.DB)) 
 		_, err = models.Migrate(ctx, db, nil)
 		require.NoError(t, err)
 		t.Run(string(db.Dialect), func(t *testing.T) {
-			fn(t, NewAuth(db, slog.New(slog.NewTextHandler(io.Discard, nil))), db)
+			fn(t, NewAccounts(db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), db)
 		})
 	}
 }
@@ -49,6 +49,12 @@ func adminAccount(t *testing.T, db *models.DB, username, role string, tenantID *
 	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}
 }
 
+// revokeByID revokes API key id as the admin page does.
+func revokeByID(a *Accounts, acct *OperatorAccount, id int64) error {
+	_, err := a.RevokeAPIKey(context.Background(), acct, APIKeyRef{ID: id})
+	return err
+}
+
 func adminUnique(t *testing.T) string {
 	return "adm-" + strings.ToLower(newSecret("")[:10])
 }
@@ -60,13 +66,13 @@ func TestAdminAPIKeys(t *testing.T) {
 		admin := adminAccount(t, b.db, adminUnique(t), RoleAdmin, nil)
 		tenant := adminUnique(t)
 
-		secret, err := b.auth.AdminCreateAPIKey(ctx, admin, tenant, "billing worker")
+		secret, err := b.accounts.CreateAPIKey(ctx, admin, tenant, "billing worker", "")
 		require.NoError(t, err)
 		_, err = b.auth.Authenticate(ctx, secret)
 		require.NoError(t, err)
 
 		mine := func() []APIKeyInfo {
-			all, err := b.auth.ListAPIKeys(ctx, admin)
+			all, err := b.accounts.ListAPIKeys(ctx, admin)
 			require.NoError(t, err)
 			var out []APIKeyInfo
 			for _, k := range all {
@@ -84,21 +90,21 @@ func TestAdminAPIKeys(t *testing.T) {
 		require.WithinDuration(t, time.Now(), k.CreatedAt, time.Minute)
 		require.Nil(t, k.RevokedAt)
 
-		require.NoError(t, b.auth.RevokeAPIKeyByID(ctx, admin, k.ID))
+		require.NoError(t, revokeByID(b.accounts, admin, k.ID))
 		_, err = b.auth.Authenticate(ctx, secret)
 		require.ErrorIs(t, err, ErrUnauthorized, "revoked: refused at once by this process")
 		require.NotNil(t, mine()[0].RevokedAt)
-		require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, admin, k.ID), ErrNotFound, "already revoked")
-		require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, admin, -1), ErrNotFound)
+		require.ErrorIs(t, revokeByID(b.accounts, admin, k.ID), ErrNotFound, "already revoked")
+		require.ErrorIs(t, revokeByID(b.accounts, admin, -1), ErrNotFound)
 
 		// Newest first.
-		_, err = b.auth.AdminCreateAPIKey(ctx, admin, tenant, "second")
+		_, err = b.accounts.CreateAPIKey(ctx, admin, tenant, "second", "")
 		require.NoError(t, err)
 		keys = mine()
 		require.Len(t, keys, 2)
 		require.Equal(t, "second", keys[0].Label)
 
-		_, err = b.auth.AdminCreateAPIKey(ctx, admin, "bad tenant name!", "")
+		_, err = b.accounts.CreateAPIKey(ctx, admin, "bad tenant name!", "", "")
 		require.ErrorIs(t, err, ErrInvalidRequest)
 	})
 }
@@ -115,17 +121,19 @@ func TestAdminRequiresGlobalAdmin(t *testing.T) {
 			adminAccount(t, b.db, adminUnique(t), RoleAuditor, nil),
 			adminAccount(t, b.db, adminUnique(t), RoleAdmin, &tid), // a tenant's admin manages nothing global
 		} {
-			_, err := b.auth.ListAPIKeys(ctx, acct)
+			_, err := b.accounts.ListAPIKeys(ctx, acct)
 			require.ErrorIs(t, err, ErrUnauthorized)
-			_, err = b.auth.AdminCreateAPIKey(ctx, acct, adminUnique(t), "")
+			if acct != nil { // nil is the installation, which creates and revokes (see Accounts)
+				_, err = b.accounts.CreateAPIKey(ctx, acct, adminUnique(t), "", "")
+				require.ErrorIs(t, err, ErrUnauthorized)
+				require.ErrorIs(t, revokeByID(b.accounts, acct, b.p.APIKeyID), ErrUnauthorized)
+				_, err = b.accounts.CreateOperator(ctx, acct, adminUnique(t), "a-long-password", RoleAdmin, "")
+				require.ErrorIs(t, err, ErrUnauthorized)
+			}
+			_, err = b.accounts.ListOperators(ctx, acct)
 			require.ErrorIs(t, err, ErrUnauthorized)
-			require.ErrorIs(t, b.auth.RevokeAPIKeyByID(ctx, acct, b.p.APIKeyID), ErrUnauthorized)
-			_, err = b.auth.ListOperators(ctx, acct)
-			require.ErrorIs(t, err, ErrUnauthorized)
-			_, err = b.auth.AdminCreateOperator(ctx, acct, adminUnique(t), "a-long-password", RoleAdmin, "")
-			require.ErrorIs(t, err, ErrUnauthorized)
-			require.ErrorIs(t, b.auth.SetOperatorRole(ctx, acct, target.ID, RoleAdmin), ErrUnauthorized)
-			require.ErrorIs(t, b.auth.DeleteOperator(ctx, acct, target.ID), ErrUnauthorized)
+			require.ErrorIs(t, b.accounts.SetOperatorRole(ctx, acct, target.ID, RoleAdmin), ErrUnauthorized)
+			require.ErrorIs(t, b.accounts.DeleteOperator(ctx, acct, target.ID), ErrUnauthorized)
 		}
 		got, err := b.auth.Operator(ctx, target.ID)
 		require.NoError(t, err)
@@ -142,10 +150,10 @@ func TestAdminOperators(t *testing.T) {
 		require.NoError(t, b.db.Where("id = ?", b.p.TenantID).Take(&tenant).Error)
 
 		name := adminUnique(t)
-		op, err := b.auth.AdminCreateOperator(ctx, admin, name, "a-long-password", RoleOperator, tenant.Name)
+		op, err := b.accounts.CreateOperator(ctx, admin, name, "a-long-password", RoleOperator, tenant.Name)
 		require.NoError(t, err)
 		find := func() *OperatorInfo {
-			all, err := b.auth.ListOperators(ctx, admin)
+			all, err := b.accounts.ListOperators(ctx, admin)
 			require.NoError(t, err)
 			for _, o := range all {
 				if o.Username == name {
@@ -158,25 +166,25 @@ func TestAdminOperators(t *testing.T) {
 		require.NotNil(t, got)
 		require.Equal(t, OperatorInfo{ID: op.ID, Username: name, Role: RoleOperator, Tenant: tenant.Name, CreatedAt: got.CreatedAt}, *got)
 
-		_, err = b.auth.AdminCreateOperator(ctx, admin, adminUnique(t), "short", RoleOperator, "")
+		_, err = b.accounts.CreateOperator(ctx, admin, adminUnique(t), "short", RoleOperator, "")
 		require.ErrorIs(t, err, ErrInvalidRequest)
 
-		require.NoError(t, b.auth.SetOperatorRole(ctx, admin, op.ID, RoleAuditor))
+		require.NoError(t, b.accounts.SetOperatorRole(ctx, admin, op.ID, RoleAuditor))
 		require.Equal(t, RoleAuditor, find().Role)
-		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, op.ID, "root"), ErrInvalidRequest)
-		require.ErrorIs(t, b.auth.SetOperatorRole(ctx, admin, -1, RoleAuditor), ErrNotFound)
+		require.ErrorIs(t, b.accounts.SetOperatorRole(ctx, admin, op.ID, "root"), ErrInvalidRequest)
+		require.ErrorIs(t, b.accounts.SetOperatorRole(ctx, admin, -1, RoleAuditor), ErrNotFound)
 
-		require.NoError(t, b.auth.DeleteOperator(ctx, admin, op.ID))
+		require.NoError(t, b.accounts.DeleteOperator(ctx, admin, op.ID))
 		require.Nil(t, find())
 		_, err = b.auth.Operator(ctx, op.ID)
 		require.ErrorIs(t, err, ErrNotFound)
-		require.ErrorIs(t, b.auth.DeleteOperator(ctx, admin, op.ID), ErrNotFound)
+		require.ErrorIs(t, b.accounts.DeleteOperator(ctx, admin, op.ID), ErrNotFound)
 	})
 }
 
 func TestAdminKeepsLastGlobalAdmin(t *testing.T) {
 	t.Parallel()
-	adminIsolated(t, func(t *testing.T, a *Auth, db *models.DB) {
+	adminIsolated(t, func(t *testing.T, a *Accounts, db *models.DB) {
 		ctx := context.Background()
 		tid := modeltest.Tenant(t, db)
 		root := adminAccount(t, db, "root", RoleAdmin, nil)
@@ -188,7 +196,7 @@ func TestAdminKeepsLastGlobalAdmin(t *testing.T) {
 		require.Contains(t, err.Error(), "last global admin")
 		require.ErrorIs(t, a.DeleteOperator(ctx, root, root.ID), ErrInvalidRequest)
 		require.NoError(t, a.SetOperatorRole(ctx, root, root.ID, RoleAdmin), "a no-op is fine")
-		got, err := a.Operator(ctx, root.ID)
+		got, err := NewAuth(db, nil).Operator(ctx, root.ID)
 		require.NoError(t, err)
 		require.Equal(t, RoleAdmin, got.Role)
 

@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -229,7 +230,7 @@ func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (
 	if err := a.previousOnRetry(ctx, []*decision{&d}); err != nil {
 		return nil, storeError("acquire", err)
 	}
-	return a.answer(ctx, p, in, d, owner)
+	return a.answer(ctx, p, in, d, owner, false)
 }
 
 // MaxBatchItems is the most items one AcquireBatch may carry.
@@ -298,7 +299,7 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 	}
 	for j, d := range ds {
 		i := idx[j]
-		out[i].Acquisition, out[i].Err = a.answer(ctx, p, items[i], d, owners[j])
+		out[i].Acquisition, out[i].Err = a.answer(ctx, p, items[i], d, owners[j], true)
 	}
 	return out, nil
 }
@@ -347,9 +348,34 @@ func (a *Admission) previousOnRetry(ctx context.Context, ds []*decision) error {
 	return nil
 }
 
-// answer turns a store's decision on in into what the caller is told, and reports it.
-func (a *Admission) answer(ctx context.Context, p Principal, in AcquireInput, d decision, owner string) (*Acquisition, error) {
-	a.obs.AcquireDecided(ctx, p.TenantName, d.result)
+// answer turns a store's decision on in into what the caller is told, and reports it to the
+// Observer; inBatch says the decision is an item of AcquireBatch.
+func (a *Admission) answer(ctx context.Context, p Principal, in AcquireInput, d decision, owner string, inBatch bool) (*Acquisition, error) {
+	acq, err := reply(in, d, owner)
+	a.obs.AcquireDecided(ctx, p.TenantName, d.result, acquireDecision(in.Key, inBatch, acq, err))
+	return acq, err
+}
+
+// acquireDecision is the Observer's Decision of an acquire of key answered with acq or err.
+func acquireDecision(key string, inBatch bool, acq *Acquisition, err error) Decision {
+	dec := Decision{Key: key, InBatch: inBatch}
+	var de *Error
+	switch {
+	case err != nil:
+		if errors.As(err, &de) {
+			dec.Refused = de.Code
+		}
+	case acq.Admitted:
+		dec.OperationID, dec.FencingToken = acq.OperationID, acq.FencingToken
+	case acq.Operation != nil:
+		dec.OperationID, dec.FencingToken = acq.Operation.ID, acq.Operation.FencingToken
+	}
+	return dec
+}
+
+// reply is what the caller of an acquire of in is told of the store's decision d; owner is the
+// owner token of an admission.
+func reply(in AcquireInput, d decision, owner string) (*Acquisition, error) {
 	switch d.result {
 	case ResultConflict:
 		return nil, ErrFingerprintMismatch

@@ -5,19 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemgate/idemgate/models"
 	"golang.org/x/crypto/bcrypt"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
-// Auth authenticates API keys and operators and manages both.
+// Auth authenticates: API keys on every API request (Authenticate, the hot path, with its
+// cache), operators at sign-in (Login) and on every dashboard request (Operator). Creating and
+// revoking keys and accounts is Accounts'; a revocation made through an Accounts wired to this
+// Auth (NewAccounts) takes effect here at once (forget).
 //
 // API-key lookups are cached in process memory for at most CacheTTL (1 s), so a revoked key
 // stops working on every instance within that bound (issue 2) without a database read per
@@ -35,7 +34,6 @@ import (
 // acquire's tail latency.
 type Auth struct {
 	db  *models.DB
-	st  store
 	log *slog.Logger
 
 	mu      sync.Mutex
@@ -43,7 +41,7 @@ type Auth struct {
 	flights map[string]*keyFlight // lookups in progress, by secret hash
 	// touched is when this process last wrote last_used_at of a key, by secret hash.
 	touched map[string]time.Time
-	// gen counts revocations made through this Auth: a lookup begun before one stores no
+	// gen counts revocations this Auth was told of (forget): a lookup begun before one stores no
 	// answer, so a revoked key cannot come back into the cache from a read older than it.
 	gen uint64
 
@@ -87,15 +85,12 @@ const maxCachedKeys = 10000
 // lastUsedEvery throttles writes of api_keys.last_used_at to one per key per process.
 const lastUsedEvery = time.Minute
 
-// MinPasswordChars is the shortest operator password accepted (docs/reference.md §7).
-const MinPasswordChars = 12
-
 // NewAuth returns an Auth over db; log may be nil (nothing is logged).
 func NewAuth(db *models.DB, log *slog.Logger) *Auth {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Auth{db: db, st: newStore(db), log: log, cache: map[string]cachedKey{},
+	return &Auth{db: db, log: log, cache: map[string]cachedKey{},
 		flights: map[string]*keyFlight{}, touched: map[string]time.Time{}, now: time.Now}
 }
 
@@ -164,6 +159,18 @@ func isContextError(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// forget drops the API keys with secret hashes hs from the cache, after they were revoked: this
+// process refuses them at once, and a lookup still in flight, which read them before the
+// revocation, does not cache them again (gen).
+func (a *Auth) forget(hs ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, h := range hs {
+		delete(a.cache, h)
+	}
+	a.gen++
+}
+
 // refresh looks the key with secret hash h up again in the background (Authenticate starts it
 // for an entry past refreshAfter). It is no request's work, so it logs without a request id.
 // A failure leaves the entry to lapse at its own time, after which requests look the key up
@@ -177,9 +184,10 @@ func (a *Auth) refresh(h string, gen uint64) {
 }
 
 // lookup reads the API key with secret hash h from the database and caches the answer as
-// fetched at started (when the lookup began), unless a revocation through this Auth happened
-// since gen was read. A key not found (or revoked) is dropped from the cache. It records the
-// key's use (last_used_at) at most every lastUsedEvery per process, in the background.
+// fetched at started (when the lookup began), unless this Auth was told of a revocation
+// (forget) since gen was read. A key not found (or revoked) is dropped from the cache. It
+// records the key's use (last_used_at) at most every lastUsedEvery per process, in the
+// background.
 // Errors: ErrUnauthorized, ErrStoreUnavailable.
 func (a *Auth) lookup(ctx context.Context, h string, started time.Time, gen uint64) (Principal, error) {
 	var k struct {
@@ -233,146 +241,12 @@ func (a *Auth) lookup(ctx context.Context, h string, started time.Time, gen uint
 	return p, nil
 }
 
-var apiKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{24,128}$`)
-
-// ValidateAPIKeySecret checks a caller-supplied API key (IDEMGATE_BOOTSTRAP_API_KEY): 24–128
-// characters of [A-Za-z0-9_-] (docs/reference.md §7). It returns "" when valid.
-func ValidateAPIKeySecret(s string) string {
-	if !apiKeyPattern.MatchString(s) {
-		return "must be 24 to 128 characters of A-Z, a-z, 0-9, '_' and '-'"
-	}
-	return ""
-}
-
-// ValidateTenantName checks a tenant name: 1–64 characters of [A-Za-z0-9._:-].
-func ValidateTenantName(s string) string { return ValidateOperationName(s) }
-
-// CreateAPIKey creates an API key for tenant (created if new) and returns its secret, the only
-// copy. secret may be "" to generate one (256 random bits); a supplied one must pass
-// ValidateAPIKeySecret. Errors: ErrInvalidRequest, ErrStoreUnavailable.
-func (a *Auth) CreateAPIKey(ctx context.Context, tenant, label, secret string) (string, error) {
-	if msg := ValidateTenantName(tenant); msg != "" {
-		return "", invalid(FieldError{Field: "tenant", Message: msg})
-	}
-	if msg := validateText(label, 200, true); msg != "" {
-		return "", invalid(FieldError{Field: "label", Message: msg})
-	}
-	if secret == "" {
-		secret = newSecret(apiKeyPrefix)
-	} else if msg := ValidateAPIKeySecret(secret); msg != "" {
-		return "", invalid(FieldError{Field: "api_key", Message: msg})
-	}
-	err := a.db.Tx(ctx, func(tx *gorm.DB) error {
-		t, err := a.ensureTenant(tx, tenant)
-		if err != nil {
-			return err
-		}
-		return tx.Create(&models.APIKey{TenantID: t.ID, Prefix: secretPrefix(secret), SecretHash: hashSecret(secret),
-			Label: label, CreatedAt: time.Now().UTC()}).Error
-	})
-	if err != nil {
-		return "", storeError("create API key", err)
-	}
-	return secret, nil
-}
-
-// secretPrefix is the part of a secret shown to operators: enough to tell keys apart, far too
-// little to guess the rest.
-func secretPrefix(secret string) string {
-	if len(secret) > 12 {
-		return secret[:12]
-	}
-	return secret[:len(secret)/2]
-}
-
-func (a *Auth) ensureTenant(tx *gorm.DB, name string) (*models.Tenant, error) {
-	// Insert-or-nothing, then read: two instances bootstrapping at once both end up with the
-	// one tenant row instead of one failing on the unique name.
-	if err := tx.Clauses(clause.OnConflict{DoNothing: true}).
-		Create(&models.Tenant{Name: name, CreatedAt: time.Now().UTC()}).Error; err != nil {
-		return nil, err
-	}
-	var t models.Tenant
-	err := tx.Where("name = ?", name).Take(&t).Error
-	return &t, err
-}
-
-// RevokeAPIKey revokes every unrevoked API key whose secret or display prefix equals key and
-// returns how many were revoked. Errors: ErrNotFound if none matched, ErrStoreUnavailable.
-func (a *Auth) RevokeAPIKey(ctx context.Context, key string) (int64, error) {
-	key = strings.TrimSpace(key)
-	if key == "" {
-		return 0, ErrNotFound
-	}
-	var revoked int64
-	err := a.db.Write(ctx, func(db *gorm.DB) error {
-		res := db.Model(&models.APIKey{}).Where("revoked_at IS NULL AND (secret_hash = ? OR prefix = ?)", hashSecret(key), key).
-			Update("revoked_at", time.Now().UTC())
-		revoked = res.RowsAffected
-		return res.Error
-	})
-	if err != nil {
-		return 0, storeError("revoke API key", err)
-	}
-	if revoked == 0 {
-		return 0, ErrNotFound
-	}
-	return revoked, nil
-}
-
 // OperatorAccount is an operator as the dashboard sees it. TenantID nil means global.
 type OperatorAccount struct {
 	ID       int64
 	Username string
 	Role     string
 	TenantID *int64
-}
-
-// CreateOperator creates a dashboard account (docs/reference.md §7 "operator create"). role is admin,
-// operator or auditor; tenant "" makes a global account, otherwise the tenant must exist.
-// Errors: ErrInvalidRequest (bad username, role, short password, unknown tenant, taken
-// username), ErrStoreUnavailable.
-func (a *Auth) CreateOperator(ctx context.Context, username, password, role, tenant string) (*OperatorAccount, error) {
-	var fe []FieldError
-	if msg := ValidateOperationName(username); msg != "" {
-		fe = append(fe, FieldError{Field: "username", Message: msg})
-	}
-	switch role {
-	case RoleAdmin, RoleOperator, RoleAuditor:
-	default:
-		fe = append(fe, FieldError{Field: "role", Message: "must be admin, operator or auditor"})
-	}
-	if utf8.RuneCountInString(password) < MinPasswordChars || len(password) > 72 {
-		fe = append(fe, FieldError{Field: "password", Message: fmt.Sprintf("must be %d to 72 bytes", MinPasswordChars)})
-	}
-	if len(fe) > 0 {
-		return nil, invalid(fe...)
-	}
-	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.DefaultCost)
-	if err != nil {
-		return nil, err
-	}
-	op := models.Operator{Username: username, PasswordHash: string(hash), Role: role, CreatedAt: time.Now().UTC()}
-	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
-		if tenant != "" {
-			var t models.Tenant
-			if err := tx.Where("name = ?", tenant).Take(&t).Error; errors.Is(err, gorm.ErrRecordNotFound) {
-				return invalid(FieldError{Field: "tenant", Message: "no such tenant"})
-			} else if err != nil {
-				return err
-			}
-			op.TenantID = &t.ID
-		}
-		err := tx.Create(&op).Error
-		if errors.Is(err, gorm.ErrDuplicatedKey) {
-			return invalid(FieldError{Field: "username", Message: "is taken"})
-		}
-		return err
-	})
-	if err != nil {
-		return nil, storeError("create operator", err)
-	}
-	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}, nil
 }
 
 // dummyHash is compared against when the username is unknown, so a login takes as long for
@@ -417,82 +291,4 @@ func (a *Auth) Operator(ctx context.Context, id int64) (*OperatorAccount, error)
 		return nil, storeError("get operator", err)
 	}
 	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}, nil
-}
-
-// BootstrapResult reports the secrets Bootstrap generated. A field is "" when nothing was
-// generated (an account or key already existed, or the secret was supplied).
-type BootstrapResult struct {
-	AdminCreated  bool
-	AdminPassword string // generated admin password, shown once
-	APIKeyCreated bool
-	APIKey        string // generated default-tenant API key, shown once
-	// APIKeyIgnored: an API key was supplied, but API keys existed already, so it was not
-	// stored and does not authenticate (it only seeds an empty database).
-	APIKeyIgnored bool
-}
-
-// DefaultTenant is the tenant of the bootstrap API key (docs/reference.md §7).
-const DefaultTenant = "default"
-
-// Bootstrap creates an "admin" operator if there is no operator yet and a "default"-tenant API
-// key if there is no API key yet (docs/reference.md §7). adminPassword and apiKey are used when not empty,
-// otherwise secrets are generated and returned for printing once. Concurrent first starts of
-// several instances may each try; the unique username keeps one admin, and a second default
-// key is harmless. Errors: ErrInvalidRequest for a supplied secret that is too weak or malformed.
-func (a *Auth) Bootstrap(ctx context.Context, adminPassword, apiKey string) (*BootstrapResult, error) {
-	res := &BootstrapResult{}
-	db := a.db.WithContext(ctx)
-	var n int64
-	if err := db.Model(&models.Operator{}).Count(&n).Error; err != nil {
-		return nil, storeError("bootstrap", err)
-	}
-	if n == 0 {
-		pw := adminPassword
-		if pw == "" {
-			pw = newSecret("")[:24]
-			res.AdminPassword = pw
-		}
-		_, err := a.CreateOperator(ctx, "admin", pw, RoleAdmin, "")
-		if err != nil && !isTaken(err) {
-			return nil, fmt.Errorf("bootstrap admin (IDEMGATE_ADMIN_PASSWORD): %w", err)
-		}
-		res.AdminCreated = err == nil
-		if !res.AdminCreated {
-			res.AdminPassword = ""
-		}
-	}
-	if err := db.Model(&models.APIKey{}).Count(&n).Error; err != nil {
-		return nil, storeError("bootstrap", err)
-	}
-	if n > 0 && apiKey != "" {
-		// Storing it on a later start would let whoever edits the environment mint a key; but
-		// unless said, the caller who set it gets 401s with no hint why.
-		res.APIKeyIgnored = true
-	}
-	if n == 0 {
-		secret, err := a.CreateAPIKey(ctx, DefaultTenant, "bootstrap", apiKey)
-		if errors.Is(err, gorm.ErrDuplicatedKey) {
-			return res, nil // another instance stored the same supplied key first
-		}
-		if err != nil {
-			return nil, fmt.Errorf("bootstrap API key (IDEMGATE_BOOTSTRAP_API_KEY): %w", err)
-		}
-		res.APIKeyCreated = true
-		if apiKey == "" {
-			res.APIKey = secret
-		}
-	}
-	return res, nil
-}
-
-func isTaken(err error) bool {
-	var e *Error
-	if errors.As(err, &e) {
-		for _, f := range e.Fields {
-			if f.Field == "username" && f.Message == "is taken" {
-				return true
-			}
-		}
-	}
-	return false
 }

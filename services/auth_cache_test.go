@@ -46,7 +46,7 @@ func TestAPIKeyCacheRefreshesInTheBackground(t *testing.T) {
 		clock := &testClock{t: time.Now()}
 		a.now = clock.now
 		base := clock.now()
-		secret, err := a.CreateAPIKey(bg, uniqueName("refresh-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("refresh-"), "", "")
 		require.NoError(t, err)
 		p, err := a.Authenticate(bg, secret)
 		require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestAPIKeyCacheRefreshesInTheBackground(t *testing.T) {
 
 		// Revoked elsewhere: the entry still answers within its bound, and its refresh drops
 		// it, after which the key is refused.
-		_, err = NewAuth(b.db, nil).RevokeAPIKey(bg, secret)
+		_, err = NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, nil, APIKeyRef{Key: secret})
 		require.NoError(t, err)
 		clock.set(refreshed.Add(CacheTTL - time.Millisecond))
 		_, err = a.Authenticate(bg, secret)
@@ -99,11 +99,11 @@ func TestAPIKeyCacheEntryLapses(t *testing.T) {
 		clock := &testClock{t: time.Now()}
 		a.now = clock.now
 		base := clock.now()
-		secret, err := a.CreateAPIKey(bg, uniqueName("lapse-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("lapse-"), "", "")
 		require.NoError(t, err)
 		_, err = a.Authenticate(bg, secret)
 		require.NoError(t, err)
-		_, err = NewAuth(b.db, nil).RevokeAPIKey(bg, secret)
+		_, err = NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, nil, APIKeyRef{Key: secret})
 		require.NoError(t, err)
 
 		// As if a refresh had started and failed: the entry keeps answering until it lapses.
@@ -128,7 +128,7 @@ func TestAPIKeyLookupsAreShared(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		a := NewAuth(b.db, nil)
-		secret, err := a.CreateAPIKey(bg, uniqueName("shared-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("shared-"), "", "")
 		require.NoError(t, err)
 		h := hashSecret(secret)
 
@@ -196,11 +196,11 @@ func TestAPIKeyRevokedHereIsNotCachedAgain(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		a := NewAuth(b.db, nil)
-		secret, err := a.CreateAPIKey(bg, uniqueName("gen-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("gen-"), "", "")
 		require.NoError(t, err)
 		a.mu.Lock()
 		gen := a.gen
-		a.gen++ // what RevokeAPIKeyByID does, between the lookup's read and its store
+		a.gen++ // what a revocation does (forget), between the lookup's read and its store
 		a.mu.Unlock()
 		_, err = a.lookup(bg, hashSecret(secret), time.Now(), gen)
 		require.NoError(t, err)

@@ -374,6 +374,7 @@ func (rc *Reconciliation) runJob(ctx context.Context, job *models.Reconciliation
 			continue
 		}
 		changed := false
+		var decided Decision
 		err := rc.db.Tx(ctx, func(tx *gorm.DB) error {
 			now, err := rc.db.Now(ctx, tx)
 			if err != nil {
@@ -409,13 +410,14 @@ func (rc *Reconciliation) runJob(ctx context.Context, job *models.Reconciliation
 			if changed, err = applyOutcome(tx, op, job.Outcome, nil, rawJSON(op.OutcomeResponse), &note, false, job.Actor, now); err != nil {
 				return err
 			}
+			decided = Decision{Key: op.Key, OperationID: op.ID, FencingToken: op.FencingToken}
 			return tx.Model(&models.ReconciliationJobItem{}).Where("job_id = ? AND operation_id = ?", job.ID, id).
 				Update("result", ItemDone).Error
 		})
 		if errors.Is(err, errItemTaken) {
 			continue
 		}
-		observeOutcome(ctx, rc.obs, SourceOperator, job.Outcome, changed, err)
+		observeOutcome(ctx, rc.obs, SourceOperator, job.Outcome, changed, err, decided)
 		if err != nil {
 			return storeError("run reconciliation job", err)
 		}
@@ -481,63 +483,6 @@ func (r *reader) loadJob(ctx context.Context, id string) (*ReconciliationJob, er
 	for _, id := range ids {
 		it := byID[id]
 		out.Items = append(out.Items, JobItem{OperationID: id, Result: it.Result, Detail: it.Detail})
-	}
-	return out, nil
-}
-
-// JobForOperator returns bulk job id (the job's own UUID) for the dashboard's job page. A
-// tenant-restricted account sees only its tenant's jobs; another's answers ErrNotFound, as an
-// unknown or malformed id does. Errors: ErrNotFound, ErrStoreUnavailable.
-func (ds *Dashboard) JobForOperator(ctx context.Context, acct *OperatorAccount, id string) (*ReconciliationJob, error) {
-	u, err := uuid.Parse(id)
-	if err != nil || acct == nil {
-		return nil, ErrNotFound
-	}
-	q := ds.db.WithContext(ctx).Model(&models.ReconciliationJob{}).Where("id = ?", u.String())
-	if acct.TenantID != nil {
-		q = q.Where("tenant_id = ?", *acct.TenantID)
-	}
-	var n int64
-	if err := q.Count(&n).Error; err != nil {
-		return nil, storeError("get reconciliation job", err)
-	}
-	if n == 0 {
-		return nil, ErrNotFound
-	}
-	return ds.loadJob(ctx, u.String())
-}
-
-// JobOperation names one operation of a job for its page: the idempotency key and the
-// tenant's name.
-type JobOperation struct {
-	Key    string
-	Tenant string
-}
-
-// JobOperations returns, for the operation ids of a job (at most MaxBulkOperations), the key
-// and tenant of each one acct may see, so the job page lists keys rather than bare ids
-// (issue 28). An id acct may not see, or whose operation retention purged, is absent.
-// Errors: ErrStoreUnavailable.
-func (ds *Dashboard) JobOperations(ctx context.Context, acct *OperatorAccount, ids []string) (map[string]JobOperation, error) {
-	out := make(map[string]JobOperation, len(ids))
-	if acct == nil || len(ids) == 0 {
-		return out, nil
-	}
-	var rows []struct {
-		ID     string
-		Key    string
-		Tenant string
-	}
-	q := ds.db.WithContext(ctx).Table("operations o").Select("o.id, o.key, t.name AS tenant").
-		Joins("JOIN tenants t ON t.id = o.tenant_id").Where("o.id IN ?", ids[:min(len(ids), MaxBulkOperations)])
-	if acct.TenantID != nil {
-		q = q.Where("o.tenant_id = ?", *acct.TenantID)
-	}
-	if err := q.Scan(&rows).Error; err != nil {
-		return nil, storeError("get job operations", err)
-	}
-	for _, r := range rows {
-		out[r.ID] = JobOperation{Key: r.Key, Tenant: r.Tenant}
 	}
 	return out, nil
 }

@@ -11,13 +11,15 @@
 //     owner's outcome and the owner-checked release.
 //   - Reads (reads.go, queue.go): a tenant's API reads of keys, operations and attempts.
 //   - Reconciliation (reconciliation.go): operators' confirmed outcomes and releases.
-//   - Dashboard (dashboard.go, overview.go, queue.go; the detail page in reconciliation.go,
-//     beside the actions it offers): the dashboard's pages, across tenants
+//   - Dashboard (dashboard.go, overview.go, queue.go): the dashboard's pages, across tenants
 //     for a global account.
 //   - Audit (audit.go): duplicate attempts and possible duplicate effects, and the CSV export.
 //   - Reaper (reaper.go): expiry of holds and retention.
-//   - Auth (auth.go, admin.go) and SessionStore (session_store.go): API keys, operator
-//     accounts and dashboard sessions.
+//   - Auth (auth.go): authentication, API keys on every API request (cached) and operators
+//     at sign-in and on every dashboard request; SessionStore (session_store.go): dashboard
+//     sessions.
+//   - Accounts (accounts.go, operators.go): administration of API keys, tenants and operator
+//     accounts, by a global admin or the installation itself, and the first start's Bootstrap.
 //
 // The vocabulary (states, attempt results, roles, event kinds) is in vocabulary.go; the rules
 // of the state machine (admission, expiry to uncertain, outcome moves, release, possible

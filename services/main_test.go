@@ -25,7 +25,10 @@ type testBundle struct {
 	audit  *Audit
 	reaper *Reaper
 	auth   *Auth
-	p      Principal
+	// accounts is wired to auth, as services.New wires them: a revocation through it is
+	// refused by auth at once.
+	accounts *Accounts
+	p        Principal
 }
 
 // eachDB runs fn as a subtest on PostgreSQL and on SQLite, each with a fresh tenant.
@@ -55,10 +58,11 @@ func onDBs(t *testing.T, set []*models.DB, fn func(t *testing.T, b *testBundle))
 	for _, db := range set {
 		t.Run(string(db.Dialect), func(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			auth := NewAuth(db, log)
 			b := &testBundle{
 				db: db, adm: NewAdmission(db, log, 0), reads: NewReads(db), recon: NewReconciliation(db),
-				dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: NewAuth(db, log),
-				p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
+				dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: auth,
+				accounts: NewAccounts(db, log, auth), p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
 			}
 			fn(t, b)
 		})

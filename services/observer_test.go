@@ -21,13 +21,13 @@ func (r *recorder) add(parts ...string) {
 	r.calls = append(r.calls, strings.Join(parts, " "))
 }
 
-func (r *recorder) AcquireDecided(_ context.Context, tenant, result string) {
+func (r *recorder) AcquireDecided(_ context.Context, tenant, result string, _ Decision) {
 	r.add("acquire", tenant, result)
 }
-func (r *recorder) ReleaseDecided(_ context.Context, source, result string) {
+func (r *recorder) ReleaseDecided(_ context.Context, source, result string, _ Decision) {
 	r.add("release", source, result)
 }
-func (r *recorder) OutcomeDecided(_ context.Context, source, status, result string) {
+func (r *recorder) OutcomeDecided(_ context.Context, source, status, result string, _ Decision) {
 	r.add("outcome", source, status, result)
 }
 func (r *recorder) ReaperPassed(_ context.Context, _ ReapResult, err error) {

@@ -80,7 +80,7 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 	}
 	id = u.String() // the stored spelling: PostgreSQL would match others, SQLite would not
 	changed := false
-	defer func() { observeOutcome(ctx, a.obs, SourceAPI, in.Status, changed, err) }()
+	defer func() { observeOutcome(ctx, a.obs, SourceAPI, in.Status, changed, err, operationDecision("", op)) }()
 	var out *Operation
 	err = a.db.Tx(ctx, func(tx *gorm.DB) error {
 		var op models.Operation

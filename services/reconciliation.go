@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -26,10 +25,6 @@ type Reconciliation struct {
 func NewReconciliation(db *models.DB) *Reconciliation {
 	return &Reconciliation{reader: reader{db: db, st: newStore(db)}, obs: nopObserver{}}
 }
-
-// MaxGenerations bounds how many operations of one key OperationForOperator returns: the newest
-// ones, so a key retried for years still renders one bounded page.
-const MaxGenerations = 200
 
 // HolderInfo is the operation whose hold is on a key right now (the key row's holder), as the
 // dashboard names it. AttemptID is the caller's attempt_id, nil when it sent none. ExpiresAt may
@@ -70,44 +65,6 @@ func (e *HeldByAnotherError) asError() *Error {
 		msg += ", attempt " + *e.Holder.AttemptID
 	}
 	return &Error{Code: CodeNotOwner, Message: msg + "); nothing was changed."}
-}
-
-// Generation is one operation of a key, as listed beside its other operations: each admission
-// of the key after the previous hold ended is a new generation with the next fencing token.
-type Generation struct {
-	ID           string
-	FencingToken int64
-	State        string
-	AcquiredAt   time.Time
-}
-
-// OperatorOperation is an operation as the dashboard's detail page shows it (docs/reference.md §5): the
-// operation with its attempts and events (OperationDetail), the tenant it belongs to, the key's
-// current holder, and the key's generations.
-type OperatorOperation struct {
-	OperationDetail
-	TenantID   int64
-	TenantName string
-	// Holder is the key's holder right now (this operation or another), nil when nobody
-	// holds it. Its hold may have expired without being cleared yet (see HolderInfo).
-	Holder *HolderInfo
-	// HoldsKey is true when this operation is the key's holder, live or expired but not yet
-	// cleared: exactly when OperatorRelease can release it (given a releasable state).
-	HoldsKey bool
-	// Generations are the key's operations by fencing token, oldest first: at most the newest
-	// MaxGenerations.
-	Generations []Generation
-	// PossibleDuplicateOf are the key's earlier operations (lower fencing tokens) in state
-	// succeeded or uncertain, newest first, at most MaxGenerations: this operation was admitted
-	// while each had succeeded or was uncertain, so its effect may duplicate theirs (the audit's
-	// "possible duplicate effect", judged the same way). Empty for none.
-	PossibleDuplicateOf []Generation
-	// Now is the database time the page was read at, the clock that decides expiry.
-	Now time.Time
-	// MayRecordOutcome and MayRelease say which actions the account it was read for may take
-	// on it now (ReconcileOutcome, OperatorRelease), so the page offers only those.
-	MayRecordOutcome bool
-	MayRelease       bool
 }
 
 // ReconcileInput is an operator's confirmed outcome (docs/reference.md §5 "Record confirmed outcome").
@@ -235,72 +192,6 @@ func normaliseID(id string) (string, error) {
 	return u.String(), nil // the stored spelling: PostgreSQL would match others, SQLite would not
 }
 
-// OperationForOperator returns operation id for the dashboard's detail page (docs/reference.md §5): the
-// operation with attempts and events, its tenant's name, the key's current holder and the key's
-// generations. Global accounts (acct.TenantID nil) see every tenant. Errors: ErrNotFound (a
-// malformed id, an unknown one, or another tenant's for a restricted account),
-// ErrStoreUnavailable.
-func (ds *Dashboard) OperationForOperator(ctx context.Context, acct *OperatorAccount, id string) (*OperatorOperation, error) {
-	id, err := normaliseID(id)
-	if err != nil {
-		return nil, err
-	}
-	tx := ds.db.WithContext(ctx)
-	m, err := ds.operatorOpRow(tx, acct, id)
-	if err != nil {
-		return nil, storeError("get operation", err)
-	}
-	d, err := ds.operation(ctx, m.TenantID, id)
-	if err != nil {
-		return nil, err
-	}
-	out := &OperatorOperation{OperationDetail: *d, TenantID: m.TenantID}
-	if out.TenantName, err = ds.TenantName(ctx, m.TenantID); errors.Is(err, ErrNotFound) {
-		out.TenantName = "" // tenants are never deleted today; show the id rather than fail
-	} else if err != nil {
-		return nil, err
-	}
-	if out.Now, err = ds.db.Now(ctx, tx); err != nil {
-		return nil, storeError("get operation", err)
-	}
-	var ks []models.IdemKey
-	if err := tx.Where("tenant_id = ? AND key = ?", m.TenantID, m.Key).Limit(1).Find(&ks).Error; err != nil {
-		return nil, storeError("get operation", err)
-	}
-	if len(ks) == 1 && ks[0].HolderOperationID != nil {
-		h, err := holderInfo(tx, &ks[0])
-		if err != nil {
-			return nil, storeError("get operation", err)
-		}
-		out.Holder = h
-		out.HoldsKey = h.OperationID == id
-	}
-	var gens []models.Operation
-	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
-		Where("key_id = ?", m.KeyID).
-		Order("fencing_token DESC").Limit(MaxGenerations).Find(&gens).Error; err != nil {
-		return nil, storeError("get operation", err)
-	}
-	slices.Reverse(gens)
-	out.Generations = make([]Generation, 0, len(gens))
-	for _, g := range gens {
-		out.Generations = append(out.Generations, Generation{ID: g.ID, FencingToken: g.FencingToken, State: g.State,
-			AcquiredAt: g.AcquiredAt.UTC()})
-	}
-	var earlier []models.Operation
-	if err := tx.Select("id", "fencing_token", "state", "acquired_at").
-		Where("key_id = ? AND fencing_token < ? AND state IN ?", m.KeyID, m.FencingToken, duplicateEffectStates).
-		Order("fencing_token DESC").Limit(MaxGenerations).Find(&earlier).Error; err != nil {
-		return nil, storeError("get operation", err)
-	}
-	for _, g := range earlier {
-		out.PossibleDuplicateOf = append(out.PossibleDuplicateOf, Generation{ID: g.ID, FencingToken: g.FencingToken,
-			State: g.State, AcquiredAt: g.AcquiredAt.UTC()})
-	}
-	out.MayRecordOutcome, out.MayRelease = operatorActions(acct, out)
-	return out, nil
-}
-
 // holderInfo describes the hold on k, which must have a holder.
 func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 	h := &HolderInfo{OperationID: *k.HolderOperationID, FencingToken: k.FencingToken, AcquiredAt: k.AcquiredAt.UTC()}
@@ -327,7 +218,7 @@ func holderInfo(tx *gorm.DB, k *models.IdemKey) (*HolderInfo, error) {
 // receipt over 512 characters, missing or over-long note), ErrInvalidTransition (any other
 // state; recording the same status and receipt again succeeds and changes nothing),
 // ErrStoreUnavailable.
-func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (_ *Operation, err error) {
+func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAccount, id string, in ReconcileInput) (out *Operation, err error) {
 	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
@@ -339,8 +230,9 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 		return nil, err
 	}
 	changed := false
-	defer func() { observeOutcome(ctx, rc.obs, SourceOperator, in.Status, changed, err) }()
-	var out *Operation
+	defer func() {
+		observeOutcome(ctx, rc.obs, SourceOperator, in.Status, changed, err, operationDecision("", out))
+	}()
 	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
 		if _, err := rc.operatorOpRow(tx, acct, id); err != nil {
 			return err
@@ -394,7 +286,7 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 // in_progress operation whose lease lapsed within its TTL, which is made uncertain,
 // lease_expired_without_outcome, in the same transaction first, as acquire, renew and the API
 // release do: docs/reference.md §8), ErrInvalidTransition (already released), ErrStoreUnavailable.
-func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (_ *Operation, err error) {
+func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAccount, id string, in OperatorReleaseInput) (out *Operation, err error) {
 	if err := rc.CheckMayAct(ctx, acct, id); err != nil {
 		return nil, err
 	}
@@ -405,8 +297,7 @@ func (rc *Reconciliation) OperatorRelease(ctx context.Context, acct *OperatorAcc
 	if err := in.validate(id); err != nil {
 		return nil, err
 	}
-	defer func() { observeRelease(ctx, rc.obs, SourceOperator, err) }()
-	var out *Operation
+	defer func() { observeRelease(ctx, rc.obs, SourceOperator, err, operationDecision("", out)) }()
 	lapsed := false
 	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
 		seen, err := rc.operatorOpRow(tx, acct, id)

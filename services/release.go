@@ -51,7 +51,7 @@ func (a *Admission) Release(ctx context.Context, p Principal, in ReleaseInput) (
 	if err := in.validate(); err != nil {
 		return nil, err
 	}
-	defer func() { observeRelease(ctx, a.obs, SourceAPI, err) }()
+	defer func() { observeRelease(ctx, a.obs, SourceAPI, err, operationDecision(in.Key, op)) }()
 	var out *Operation
 	lapsed := false
 	err = a.db.Tx(ctx, func(tx *gorm.DB) error {

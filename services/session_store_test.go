@@ -23,7 +23,7 @@ import (
 // databases.
 func TestSessionStore(t *testing.T) {
 	t.Parallel()
-	adminIsolated(t, func(t *testing.T, _ *Auth, db *models.DB) {
+	adminIsolated(t, func(t *testing.T, _ *Accounts, db *models.DB) {
 		s := NewSessionStore(db).WithTimeout(30 * time.Second)
 		require.NoError(t, s.Close(), "Close leaves the database to its owner")
 

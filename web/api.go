@@ -78,7 +78,6 @@ func handleAcquire(adm *services.Admission) fiber.Handler {
 			return err
 		}
 		acq, err := adm.Acquire(c.UserContext(), principal(c), in)
-		traceAcquire(c, in.Key, acq, err)
 		if err != nil {
 			return err
 		}
@@ -105,7 +104,6 @@ func handleRelease(adm *services.Admission) fiber.Handler {
 		}
 		op, err := adm.Release(c.UserContext(), principal(c), services.ReleaseInput{
 			Key: *req.Key, OwnerToken: *req.OwnerToken, Reason: req.Reason})
-		traceOperation(c, services.ResultReleased, *req.Key, op, err)
 		if err != nil {
 			return err
 		}
@@ -131,7 +129,6 @@ func handleOutcome(adm *services.Admission) fiber.Handler {
 			in.Release = *req.Release
 		}
 		op, err := adm.RecordOutcome(c.UserContext(), principal(c), c.Params("id"), in)
-		traceOperation(c, services.ResultRecorded, opKey(op), op, err)
 		if err != nil {
 			return err
 		}

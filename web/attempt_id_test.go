@@ -16,9 +16,9 @@ func twoKeysOfOneTenant(t *testing.T, s *Server) (*apiClient, *apiClient) {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	tenant := "tenant-" + hex.EncodeToString(b)
-	ka, err := s.auth.CreateAPIKey(context.Background(), tenant, "a", "")
+	ka, err := s.accounts.CreateAPIKey(context.Background(), nil, tenant, "a", "")
 	require.NoError(t, err)
-	kb, err := s.auth.CreateAPIKey(context.Background(), tenant, "b", "")
+	kb, err := s.accounts.CreateAPIKey(context.Background(), nil, tenant, "b", "")
 	require.NoError(t, err)
 	return &apiClient{t: t, s: s, key: ka}, &apiClient{t: t, s: s, key: kb}
 }

@@ -60,7 +60,7 @@ func handleAdminKeyCreate(s *Server) fiber.Handler {
 			return s.renderAdmin(c, fiber.StatusBadRequest, views.AdminProps{KeyForm: form,
 				ActionError: "API key not created: choose a tenant from the list or type a new tenant's name. Nothing was changed."})
 		}
-		secret, err := s.auth.AdminCreateAPIKey(c.UserContext(), currentOperator(c), tenant, form.Label)
+		secret, err := s.accounts.CreateAPIKey(c.UserContext(), currentOperator(c), tenant, form.Label, "")
 		if err != nil {
 			return s.refuseAdmin(c, err, "API key not created: ", views.AdminProps{KeyForm: form})
 		}
@@ -77,7 +77,7 @@ func handleAdminKeyRevoke(s *Server) fiber.Handler {
 				ActionError: "Not revoked: tick the confirmation box to revoke the key. Nothing was changed."})
 		}
 		id, _ := strconv.ParseInt(c.Params("id"), 10, 64)
-		if err := s.auth.RevokeAPIKeyByID(c.UserContext(), currentOperator(c), id); err != nil {
+		if _, err := s.accounts.RevokeAPIKey(c.UserContext(), currentOperator(c), services.APIKeyRef{ID: id}); err != nil {
 			return s.refuseAdmin(c, err, "Not revoked: ", views.AdminProps{})
 		}
 		return c.Redirect(adminURL+"?done=revoked", fiber.StatusSeeOther)
@@ -89,7 +89,7 @@ func handleAdminOperatorCreate(s *Server) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		form := views.AdminOperatorFormValues{Username: strings.TrimSpace(c.FormValue("username")),
 			Role: c.FormValue("role"), Tenant: strings.TrimSpace(c.FormValue("tenant"))}
-		_, err := s.auth.AdminCreateOperator(c.UserContext(), currentOperator(c), form.Username, c.FormValue("password"),
+		_, err := s.accounts.CreateOperator(c.UserContext(), currentOperator(c), form.Username, c.FormValue("password"),
 			form.Role, form.Tenant)
 		if err != nil {
 			return s.refuseAdmin(c, err, "Account not created: ", views.AdminProps{OperatorForm: form})
@@ -102,7 +102,7 @@ func handleAdminOperatorCreate(s *Server) fiber.Handler {
 func handleAdminOperatorRole(s *Server) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		id, _ := strconv.ParseInt(c.Params("id"), 10, 64)
-		if err := s.auth.SetOperatorRole(c.UserContext(), currentOperator(c), id, c.FormValue("role")); err != nil {
+		if err := s.accounts.SetOperatorRole(c.UserContext(), currentOperator(c), id, c.FormValue("role")); err != nil {
 			return s.refuseAdmin(c, err, "Role not changed: ", views.AdminProps{})
 		}
 		return c.Redirect(adminURL+"?done=role", fiber.StatusSeeOther)
@@ -117,7 +117,7 @@ func handleAdminOperatorDelete(s *Server) fiber.Handler {
 				ActionError: "Not deleted: tick the confirmation box to delete the account. Nothing was changed."})
 		}
 		id, _ := strconv.ParseInt(c.Params("id"), 10, 64)
-		if err := s.auth.DeleteOperator(c.UserContext(), currentOperator(c), id); err != nil {
+		if err := s.accounts.DeleteOperator(c.UserContext(), currentOperator(c), id); err != nil {
 			return s.refuseAdmin(c, err, "Not deleted: ", views.AdminProps{})
 		}
 		return c.Redirect(adminURL+"?done=deleted", fiber.StatusSeeOther)
@@ -160,11 +160,11 @@ func (s *Server) renderAdmin(c *fiber.Ctx, status int, p views.AdminProps) error
 		return redirectToLogin(c)
 	}
 	ctx := c.UserContext()
-	keys, err := s.auth.ListAPIKeys(ctx, acct)
+	keys, err := s.accounts.ListAPIKeys(ctx, acct)
 	if err != nil {
 		return err
 	}
-	ops, err := s.auth.ListOperators(ctx, acct)
+	ops, err := s.accounts.ListOperators(ctx, acct)
 	if err != nil {
 		return err
 	}

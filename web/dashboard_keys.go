@@ -115,88 +115,136 @@ func handleKeysPage(s *Server) fiber.Handler {
 		if problem != "" {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, problem)
 		}
-		tenant := op.TenantID
-		if services.SeesAllTenants(op) && q.Tenant != "" {
-			n, err := s.dash.TenantID(c.UserContext(), q.Tenant)
-			if err != nil {
-				return err
-			}
-			tenant = &n
-		} else {
-			q.Tenant = ""
+		tenant, err := s.keysTenant(c, op, &q)
+		if err != nil {
+			return err
 		}
-		page, err := s.dash.ListKeysForOperator(c.UserContext(), tenant, services.KeyFilter{
-			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, Limit: q.Limit, Cursor: q.Cursor,
-			Before:         q.Newer,
-			ExpiringWithin: expiringWithin(q.Expiring),
-		})
+		page, err := s.dash.ListKeysForOperator(c.UserContext(), tenant, q.filter())
 		var de *services.Error
 		if errors.As(err, &de) && de.Code == services.CodeInvalidRequest {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, filterProblem(de))
 		} else if err != nil {
 			return err
 		}
-		total, err := s.dash.CountKeys(c.UserContext(), tenant, services.KeyFilter{
-			State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix, ExpiringWithin: expiringWithin(q.Expiring),
-		})
+		total, err := s.dash.CountKeys(c.UserContext(), tenant, q.countFilter())
 		if err != nil {
 			return err
 		}
-		nav, err := s.navFor(c, op, "keys")
+		props, err := s.keysProps(c, op, q, page, total)
 		if err != nil {
 			return err
-		}
-		props := views.KeysProps{
-			Nav:        nav,
-			ShowTenant: services.SeesAllTenants(op),
-			Filter: views.KeysFilter{
-				State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
-				Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
-				Active: q.active(),
-				Tenant: q.Tenant,
-			},
-			Total:                  keyTotal(total, q.active()),
-			SelfURL:                q.url(),
-			NeedsReconciliationURL: queueURL, // operations, superseded ones too: not a filter of keys
-			ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
-			Rows:                   make([]views.KeyRow, 0, len(page.Items)),
-		}
-		if props.ShowTenant {
-			ts, err := s.dash.Tenants(c.UserContext())
-			if err != nil {
-				return err
-			}
-			for _, t := range ts {
-				props.Filter.Tenants = append(props.Filter.Tenants, views.Option{Value: t.Name, Label: t.Name})
-			}
-		}
-		// The operation pages link back to this filtered list ("← Keys" keeps the filter).
-		back := ""
-		if self := q.url(); self != "/keys" {
-			back = self
-		}
-		for _, it := range page.Items {
-			r := keyRow(it, page.Now)
-			if r.OperationURL != "" {
-				r.OperationURL = withBack(r.OperationURL, back)
-			}
-			props.Rows = append(props.Rows, r)
-		}
-		if page.PrevCursor != "" {
-			first := q
-			first.Cursor, first.Newer = "", ""
-			props.NewestURL = first.url()
-			newer := first
-			newer.Newer = page.PrevCursor
-			props.NewerURL = newer.url()
-		}
-		if page.NextCursor != "" {
-			older := q
-			older.Cursor, older.Newer = page.NextCursor, ""
-			props.OlderURL = older.url()
 		}
 		return render(c, fiber.StatusOK, views.KeysPage(props))
 	}
+}
+
+// keysTenant is the tenant whose keys the page lists: the tenant filter of a global account
+// that set one, else op's own tenant (nil for a global account: every tenant). A tenant filter
+// that does not apply is cleared from q, so the page's links do not carry it.
+func (s *Server) keysTenant(c *fiber.Ctx, op *services.OperatorAccount, q *keysQuery) (*int64, error) {
+	if !services.SeesAllTenants(op) || q.Tenant == "" {
+		q.Tenant = ""
+		return op.TenantID, nil
+	}
+	n, err := s.dash.TenantID(c.UserContext(), q.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// filter is q as the service's filter of one page of keys.
+func (q keysQuery) filter() services.KeyFilter {
+	f := q.countFilter()
+	f.Limit, f.Cursor, f.Before = q.Limit, q.Cursor, q.Newer
+	return f
+}
+
+// countFilter is q's filter without its paging, for the page's total.
+func (q keysQuery) countFilter() services.KeyFilter {
+	return services.KeyFilter{State: q.State, Operation: q.Operation, KeyPrefix: q.Prefix,
+		ExpiringWithin: expiringWithin(q.Expiring)}
+}
+
+// keysProps is what the Keys page shows of page, read with q: the navigation, the filter
+// form, the total, the rows and the links to other pages.
+func (s *Server) keysProps(c *fiber.Ctx, op *services.OperatorAccount, q keysQuery, page *services.OperatorKeyPage,
+	total services.KeyCount) (views.KeysProps, error) {
+	nav, err := s.navFor(c, op, "keys")
+	if err != nil {
+		return views.KeysProps{}, err
+	}
+	props := views.KeysProps{
+		Nav:        nav,
+		ShowTenant: services.SeesAllTenants(op),
+		Filter: views.KeysFilter{
+			State: q.State, Operation: q.Operation, Prefix: q.Prefix, Expiring: q.Expiring,
+			Limit: strconv.Itoa(q.Limit), States: keyStates, Limits: pageSizeOptions(q.Limit),
+			Active: q.active(),
+			Tenant: q.Tenant,
+		},
+		Total:                  keyTotal(total, q.active()),
+		SelfURL:                q.url(),
+		NeedsReconciliationURL: queueURL, // operations, superseded ones too: not a filter of keys
+		ExpiringSoonURL:        keysQuery{Expiring: true, Limit: q.Limit}.url(),
+		Rows:                   keyRows(q, page),
+	}
+	if props.ShowTenant {
+		if props.Filter.Tenants, err = s.tenantOptions(c); err != nil {
+			return views.KeysProps{}, err
+		}
+	}
+	props.NewestURL, props.NewerURL, props.OlderURL = q.pageURLs(page)
+	return props, nil
+}
+
+// tenantOptions are the choices of a tenant filter: every tenant, by name.
+func (s *Server) tenantOptions(c *fiber.Ctx) ([]views.Option, error) {
+	ts, err := s.dash.Tenants(c.UserContext())
+	if err != nil {
+		return nil, err
+	}
+	var opts []views.Option
+	for _, t := range ts {
+		opts = append(opts, views.Option{Value: t.Name, Label: t.Name})
+	}
+	return opts, nil
+}
+
+// keyRows are the rows of page, read with q. The operation pages they link to link back to
+// this filtered list ("← Keys" keeps the filter).
+func keyRows(q keysQuery, page *services.OperatorKeyPage) []views.KeyRow {
+	back := ""
+	if self := q.url(); self != "/keys" {
+		back = self
+	}
+	rows := make([]views.KeyRow, 0, len(page.Items))
+	for _, it := range page.Items {
+		r := keyRow(it, page.Now)
+		if r.OperationURL != "" {
+			r.OperationURL = withBack(r.OperationURL, back)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// pageURLs are the links from page, read with q, to the newest page and the pages just newer
+// and just older; "" where there is none.
+func (q keysQuery) pageURLs(page *services.OperatorKeyPage) (newest, newer, older string) {
+	if page.PrevCursor != "" {
+		first := q
+		first.Cursor, first.Newer = "", ""
+		newest = first.url()
+		first.Newer = page.PrevCursor
+		newer = first.url()
+	}
+	if page.NextCursor != "" {
+		next := q
+		next.Cursor, next.Newer = page.NextCursor, ""
+		older = next.url()
+	}
+	return newest, newer, older
 }
 
 func expiringWithin(on bool) time.Duration {

@@ -215,7 +215,7 @@ func TestEveryLogLineCarriesTheRequestID(t *testing.T) {
 			// A store error inside services: a server whose database is closed under it.
 			closing := closedLater(t, db.Dialect)
 			broken, blc := newCapturingServer(t, closing)
-			secret, err := broken.auth.CreateAPIKey(ctx, "broken-"+dashRandom(), "x", "")
+			secret, err := broken.accounts.CreateAPIKey(ctx, nil, "broken-"+dashRandom(), "x", "")
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, send(t, broken, blc, jsonRequest("GET", "/v1/keys", "", secret)).status)
 			// That request records the key's use in the background; let it finish first, or it

@@ -40,23 +40,15 @@ func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 	if err != nil {
 		t.Fatalf("sql DB: %v", err)
 	}
-	aw := services.NewAwaiter(db, services.AwaiterConfig{Log: log})
+	svc := services.New(db, log, services.Options{GroupAdmission: true})
 	ctx, stop := context.WithCancel(context.Background())
-	go aw.Run(ctx)
+	go svc.Awaiter.Run(ctx)
 	t.Cleanup(stop)
 	return Config{
-		Awaiter:        aw,
-		Admission:      services.NewAdmission(db, log, 0).WithGroupAdmission(true),
-		Reads:          services.NewReads(db),
-		Reconciliation: services.NewReconciliation(db),
-		Dashboard:      services.NewDashboard(db),
-		Audit:          services.NewAudit(db),
-		Auth:           services.NewAuth(db, log),
-		Log:            log,
-		DB:             sqlDB,
-		Pool:           db.Pool,
-		Sessions:       services.NewSessionStore(db),
-		Webhooks:       services.NewWebhooks(db, log, false),
+		Services: svc,
+		Log:      log,
+		DB:       sqlDB,
+		Pool:     db.Pool,
 		// The deadline bounds each whole request, CPU work such as bcrypt included; under -race
 		// on shared cores that alone can take seconds. Tests of the deadline set their own.
 		StoreTimeout: 30 * time.Second,

@@ -17,10 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// metrics are the Prometheus series this package records (exposed at GET /metrics). It is the
-// services.Observer of the server's Admission and Reconciliation and of the reaper
-// (Server.Observer), so every decision is counted where it is taken, whichever route or
-// process loop asked for it.
+// metrics are the Prometheus series this package records (exposed at GET /metrics). The
+// services' decisions are counted in them by the server's observer (observer.go), the
+// services.Observer of its Admission and Reconciliation and of the reaper (Server.Observer), so
+// every decision is counted where it is taken, whichever route or process loop asked for it.
 //
 // Label cardinality is bounded by construction: results and statuses are the fixed codes of
 // services, routes are the registered patterns (routeLabel), and tenant is the name of a
@@ -85,36 +85,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.acquires, m.releases, m.outcomes, m.reaperRuns, m.reaperRows, m.reaperLastSuccess, m.requests)
 	registerBuildInfo(reg)
 	return m
-}
-
-// AcquireDecided counts an acquire attempt (services.Observer).
-func (m *metrics) AcquireDecided(_ context.Context, tenant, result string) {
-	m.acquires.WithLabelValues(tenant, result).Inc()
-}
-
-// ReleaseDecided counts a release (services.Observer).
-func (m *metrics) ReleaseDecided(_ context.Context, source, result string) {
-	m.releases.WithLabelValues(source, result).Inc()
-}
-
-// OutcomeDecided counts an outcome (services.Observer).
-func (m *metrics) OutcomeDecided(_ context.Context, source, status, result string) {
-	m.outcomes.WithLabelValues(source, status, result).Inc()
-}
-
-// ReaperPassed counts a reaper pass and the rows it changed (services.Observer).
-func (m *metrics) ReaperPassed(_ context.Context, res services.ReapResult, err error) {
-	rows := []int64{res.HoldsExpired, res.MarkedUncertain, res.OperationsPurged, res.AttemptsPurged,
-		res.EventsPurged, res.SessionsPurged}
-	for i, a := range reaperActions {
-		m.reaperRows.WithLabelValues(a).Add(float64(rows[i]))
-	}
-	if err != nil {
-		m.reaperRuns.WithLabelValues("error").Inc()
-		return
-	}
-	m.reaperRuns.WithLabelValues("ok").Inc()
-	m.reaperLastSuccess.SetToCurrentTime()
 }
 
 // routeUnmatched is the route label of requests that matched no route of their own (404, 405),

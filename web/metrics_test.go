@@ -81,7 +81,7 @@ func (sc scrape) value(t *testing.T, name string) float64 {
 // namedTenantClient creates tenant name with an API key on s.
 func namedTenantClient(t *testing.T, s *Server, name string) *apiClient {
 	t.Helper()
-	secret, err := s.auth.CreateAPIKey(context.Background(), name, "metrics test", "")
+	secret, err := s.accounts.CreateAPIKey(context.Background(), nil, name, "metrics test", "")
 	require.NoError(t, err)
 	return &apiClient{t: t, s: s, key: secret}
 }

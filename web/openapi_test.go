@@ -444,10 +444,7 @@ func TestReadyzUnavailableMatchesContract(t *testing.T) {
 	gone, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "gone.db"))
 	require.NoError(t, err)
 	require.NoError(t, gone.Close())
-	s := New(Config{Admission: services.NewAdmission(db, log, 0), Reads: services.NewReads(db),
-		Reconciliation: services.NewReconciliation(db), Dashboard: services.NewDashboard(db), Audit: services.NewAudit(db),
-		Auth: services.NewAuth(db, log), Log: log,
-		DB: gone, Sessions: services.NewSessionStore(db)})
+	s := New(Config{Services: services.New(db, log, services.Options{}), Log: log, DB: gone})
 	res := problemOf(t, (&apiClient{t: t, s: s}).do("GET", "/readyz", nil), http.StatusServiceUnavailable, services.CodeStoreUnavailable)
 	require.NotEmpty(t, res.header.Get("Retry-After"))
 }

@@ -69,7 +69,7 @@ func apiQueue(t *testing.T, api *apiClient) []string {
 func TestReconciliationQueueAgrees(t *testing.T) {
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
 		ctx := context.Background()
-		secret, err := f.s.auth.CreateAPIKey(ctx, f.tenantA, "queue", "")
+		secret, err := f.s.accounts.CreateAPIKey(ctx, nil, f.tenantA, "queue", "")
 		require.NoError(t, err)
 		api := &apiClient{t: t, s: f.s, key: secret}
 		b := newDashBrowser(t, f.s)

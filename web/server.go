@@ -20,22 +20,25 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Config is what the HTTP layer needs. All fields but Pool and SecureCookies are required.
+// Config is what the HTTP layer needs. Services, Log and DB are required; the zero value of
+// every other field is a default or off.
 type Config struct {
-	// Admission decides the API's acquires, outcomes and releases. New uses a copy that
-	// reports its decisions to the server's metrics (services.Admission.WithObserver);
-	// cfg.Admission is not changed.
-	Admission *services.Admission
-	// Reads answers the API's reads (keys, operations, attempts).
-	Reads *services.Reads
-	// Reconciliation carries out the dashboard's operator actions; like Admission, New uses a
-	// copy that reports to the metrics.
-	Reconciliation *services.Reconciliation
-	// Dashboard answers the dashboard's pages and the reconciliation gauge.
-	Dashboard *services.Dashboard
-	// Audit answers the Audit page and its CSV export.
-	Audit *services.Audit
-	Auth  *services.Auth
+	// Services are the services the routes call (services.New). Those New needs are
+	// Admission, Reads, Reconciliation, Dashboard, Audit, Auth, Accounts and Sessions; the
+	// others may be nil:
+	//   - Admission and Reconciliation: New uses copies that report their decisions to the
+	//     server's Observer (metrics and spans); the Services are not changed.
+	//   - Dashboard also counts the reconciliation gauge of /metrics.
+	//   - Webhooks nil leaves the admin page's webhook section and the delivery log out.
+	//   - Awaiter lets GET /v1/operations/{id}?wait= wait for an outcome without holding a
+	//     database connection (docs/reference.md §8). Its Run must be running; Shutdown
+	//     closes it, so waiting requests answer at once instead of holding up the shutdown.
+	//     Nil (tools and tests that never wait): wait is validated and the operation read at
+	//     once.
+	//   - Dispatcher, when this process runs one, is exported as
+	//     idemgate_webhook_attempts_total (constant zeros without).
+	//   - Reaper is not used: the caller runs it, with Server.Observer.
+	*services.Services
 	// Log is where requests are logged: one access line each, and errors. Wrap its handler
 	// with logging.NewHandler so every line logged during a request carries its request_id.
 	Log *slog.Logger
@@ -48,9 +51,6 @@ type Config struct {
 	// MetricsToken, when not empty, is the bearer token GET /metrics requires: the metrics name
 	// tenants and their volumes, and docs/reference.md §4 leaves the endpoint unauthenticated by default.
 	MetricsToken string
-	// Sessions stores dashboard sessions; use services.NewSessionStore for the database-backed
-	// one, so any instance serves any operator and restarts log nobody out (docs/reference.md §5).
-	Sessions fiber.Storage
 	// SecureCookies marks session and CSRF cookies Secure; set it when served over TLS.
 	SecureCookies bool
 	// StoreTimeout is the deadline of each request's database work (0: DefaultStoreTimeout).
@@ -69,23 +69,13 @@ type Config struct {
 	// Retry-After at once instead of queueing on the pool.
 	MaxConcurrentExports int
 	// TracerProvider, when not nil, gets a server span for every request (tracing.go:
-	// traceRequests) with the decision's attributes, and the access lines and latency
-	// exemplars carry its trace id. nil is tracing off: no middleware is installed at all.
+	// traceRequests) with the decision's attributes (the services report it to the server's
+	// Observer, observer.go), and the access lines and latency exemplars carry its trace id.
+	// nil is tracing off: no middleware is installed at all.
 	TracerProvider trace.TracerProvider
 	// TraceKeys lets raw idempotency keys onto spans (IDEMGATE_TRACE_KEYS); without it only
 	// their digest is recorded (idemgate.key_hash).
 	TraceKeys bool
-	// Webhooks manages webhook endpoints and reads the delivery log (docs/reference.md §10);
-	// nil leaves the admin page's webhook section and the delivery log out.
-	Webhooks *services.Webhooks
-	// WebhookStats reports this process's dispatcher (services.Dispatcher.Stats) as
-	// idemgate_webhook_attempts_total; nil when it runs no dispatcher (constant zeros).
-	WebhookStats func() services.WebhookStats
-	// Awaiter lets GET /v1/operations/{id}?wait= wait for an outcome without holding a
-	// database connection (docs/reference.md §8). Its Run must be running; Shutdown closes it,
-	// so waiting requests answer at once instead of holding up the shutdown. Nil (tools and
-	// tests that never wait): wait is validated and the operation read at once.
-	Awaiter *services.Awaiter
 }
 
 // exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
@@ -109,8 +99,9 @@ const DefaultWriteTimeout = 30 * time.Second
 // DefaultStoreTimeout is Config.StoreTimeout's default.
 const DefaultStoreTimeout = 5 * time.Second
 
-// The database-backed session store is what Config.Sessions is meant to be: fiber's session
-// middleware needs exactly this method set, which services provides without importing fiber.
+// The database-backed session store (Services.Sessions), so any instance serves any operator
+// and restarts log nobody out (docs/reference.md §5): fiber's session middleware needs exactly
+// this method set, which services provides without importing fiber.
 var _ fiber.Storage = (*services.SessionStore)(nil)
 
 // Server is the Fiber application with its dependencies.
@@ -123,10 +114,13 @@ type Server struct {
 	dash     *services.Dashboard
 	audit    *services.Audit
 	auth     *services.Auth
+	accounts *services.Accounts
 	db       *sql.DB
 	sessions *session.Store
 	metrics  *metrics
-	secure   bool
+	// obs reports the services' decisions to metrics and to request spans (observer.go).
+	obs    *observer
+	secure bool
 	// storeTimeout bounds the database work of each request (Config.StoreTimeout).
 	storeTimeout time.Duration
 	// writeTimeout is the idle bound of each response's writes (Config.WriteTimeout).
@@ -143,14 +137,17 @@ type Server struct {
 
 // New builds the Fiber application with every route of routes.go.
 func New(cfg Config) *Server {
+	if cfg.Services == nil {
+		panic("web.New: Config.Services is required")
+	}
 	for name, missing := range map[string]bool{"Admission": cfg.Admission == nil, "Reads": cfg.Reads == nil,
 		"Reconciliation": cfg.Reconciliation == nil, "Dashboard": cfg.Dashboard == nil, "Audit": cfg.Audit == nil,
-		"Auth": cfg.Auth == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
+		"Auth": cfg.Auth == nil, "Accounts": cfg.Accounts == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
 		if missing {
 			panic("web.New: Config." + name + " is required")
 		}
 	}
-	s := &Server{log: cfg.Log, auth: cfg.Auth, db: cfg.DB, secure: cfg.SecureCookies,
+	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.DB, secure: cfg.SecureCookies,
 		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
@@ -179,14 +176,19 @@ func New(cfg Config) *Server {
 	} else if cfg.DB != nil {
 		registerDBStats(reg, cfg.DB)
 	}
-	s.adm = cfg.Admission.WithObserver(s.metrics)
+	s.obs = &observer{metrics: s.metrics, traceKeys: cfg.TraceKeys}
+	s.adm = cfg.Admission.WithObserver(s.obs)
 	registerGroupStats(reg, s.adm.GroupStats)
-	registerWebhookStats(reg, cfg.WebhookStats)
+	var webhookStats func() services.WebhookStats
+	if cfg.Dispatcher != nil {
+		webhookStats = cfg.Dispatcher.Stats
+	}
+	registerWebhookStats(reg, webhookStats)
 	s.webhooks = cfg.Webhooks
 	if cfg.Awaiter != nil {
 		registerWaiters(reg, cfg.Awaiter)
 	}
-	s.recon = cfg.Reconciliation.WithObserver(s.metrics)
+	s.recon = cfg.Reconciliation.WithObserver(s.obs)
 	s.reads, s.dash, s.audit = cfg.Reads, cfg.Dashboard, cfg.Audit
 	reg.MustRegister(newReconciliationCollector(s.dash.NeedsReconciliationByTenant, s.log))
 	s.sessions = session.New(session.Config{
@@ -219,9 +221,9 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Observer returns the server's metrics as a services.Observer, for the reaper that runs
-// beside it (services.Reaper.WithObserver): its passes then show in the server's /metrics.
-func (s *Server) Observer() services.Observer { return s.metrics }
+// Observer returns the server's services.Observer (metrics and spans), for the reaper that
+// runs beside it (services.Reaper.WithObserver): its passes then show in the server's /metrics.
+func (s *Server) Observer() services.Observer { return s.obs }
 
 // Serve serves on an already bound listener until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }

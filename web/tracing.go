@@ -35,9 +35,6 @@ const (
 // tracerName is the instrumentation scope of the HTTP server spans.
 const tracerName = "github.com/idemgate/idemgate/web"
 
-// traceKeysLocal marks (in c.Locals) a request whose raw idempotency keys may be recorded.
-const traceKeysLocal ctxKey = 100
-
 // traceRequests starts the server span of every request that reaches the middleware chain,
 // with OpenTelemetry's HTTP semantic conventions: name "METHOD route" (the route pattern,
 // never the raw path, which holds keys), http.request.method, http.route,
@@ -66,7 +63,6 @@ func traceRequests(tp trace.TracerProvider, prop propagation.TextMapPropagator, 
 			attrs = append(attrs, semconv.UserAgentOriginal(string(ua)))
 		}
 		if traceKeys {
-			c.Locals(traceKeysLocal, true)
 			attrs = append(attrs, semconv.URLPath(string(c.Request().URI().Path())))
 		}
 		ctx, span := tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
@@ -119,84 +115,23 @@ func keyHash(key string) string {
 }
 
 // keyAttrs are the attributes naming key: idemgate.key_hash, and idemgate.key itself when the
-// server traces keys (Config.TraceKeys).
-func keyAttrs(c *fiber.Ctx, key string) []attribute.KeyValue {
+// server traces keys (traceKeys, Config.TraceKeys).
+func keyAttrs(key string, traceKeys bool) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{attrKeyHash.String(keyHash(key))}
-	if on, _ := c.Locals(traceKeysLocal).(bool); on {
+	if traceKeys {
 		attrs = append(attrs, attrKey.String(key))
 	}
 	return attrs
-}
-
-// decisionOf is the decision a refusal stands for on a span: the problem code, except that a
-// fingerprint mismatch is the acquire's "conflict" (services.ResultConflict, as in
-// idemgate_acquires_total); "" for an error that is no decision (invalid input, the store).
-func decisionOf(err error) string {
-	de, internal := toDomainError(err, services.MaxBodyBytes)
-	switch {
-	case internal:
-		return ""
-	case de.Code == services.CodeFingerprintMismatch:
-		return services.ResultConflict
-	case de.Code == services.CodeInvalidRequest, de.Code == services.CodeStoreUnavailable,
-		de.Code == services.CodeRateLimited, de.Code == services.CodeUnauthorized,
-		de.Code == services.CodePayloadTooLarge:
-		return ""
-	}
-	return de.Code
-}
-
-// traceAcquire records an acquire of key on the request span: the decision (admitted,
-// duplicate, conflict), the operation and its fencing token, the key's hash.
-func traceAcquire(c *fiber.Ctx, key string, acq *services.Acquisition, err error) {
-	span := requestSpan(c)
-	if span == nil {
-		return
-	}
-	span.SetAttributes(keyAttrs(c, key)...)
-	switch {
-	case err != nil:
-		if d := decisionOf(err); d != "" {
-			span.SetAttributes(attrDecision.String(d))
-		}
-	case acq.Admitted:
-		span.SetAttributes(attrDecision.String(services.ResultAdmitted), attrOperationID.String(acq.OperationID),
-			attrFencingToken.Int64(acq.FencingToken))
-	default:
-		span.SetAttributes(attrDecision.String(services.ResultDuplicate))
-		if op := acq.Operation; op != nil {
-			span.SetAttributes(attrOperationID.String(op.ID), attrFencingToken.Int64(op.FencingToken))
-		}
-	}
-}
-
-// traceOperation records a release or an outcome on the request span: decision ok when the
-// call succeeded (released, recorded), else the refusal's code; the operation, its fencing
-// token and key hash when known.
-func traceOperation(c *fiber.Ctx, ok string, key string, op *services.Operation, err error) {
-	span := requestSpan(c)
-	if span == nil {
-		return
-	}
-	if key != "" {
-		span.SetAttributes(keyAttrs(c, key)...)
-	}
-	if err != nil {
-		if d := decisionOf(err); d != "" {
-			span.SetAttributes(attrDecision.String(d))
-		}
-		return
-	}
-	span.SetAttributes(attrDecision.String(ok))
-	if op != nil {
-		span.SetAttributes(attrOperationID.String(op.ID), attrFencingToken.Int64(op.FencingToken))
-	}
 }
 
 // traceBatch records an acquire batch on the request span: its size and, per decision, how
 // many items got it (idemgate.decision.<decision> = count: admitted, duplicate, conflict, or
 // invalid for an item refused before a decision); the decision attribute itself is "batch".
 // Keys are not listed: up to services.MaxBatchItems of them would not help a trace.
+//
+// It is the one span record a handler makes: it summarises the answer item by item, items the
+// HTTP layer refused before any service saw them included, where the Observer (observer.go)
+// records single decisions and leaves a batch's items to this.
 func traceBatch(c *fiber.Ctx, results []batchResult) {
 	span := requestSpan(c)
 	if span == nil {
@@ -220,14 +155,6 @@ func traceBatch(c *fiber.Ctx, results []batchResult) {
 		attrs = append(attrs, attribute.Int(string(attrDecision)+"."+d, n))
 	}
 	span.SetAttributes(attrs...)
-}
-
-// opKey is op's key, "" for nil (a refused call).
-func opKey(op *services.Operation) string {
-	if op == nil {
-		return ""
-	}
-	return op.Key
 }
 
 // traceProblem records the problem code of an error answer on the request span; a 5xx also

@@ -60,7 +60,7 @@ func benchAcquireHTTP(b *testing.B, db *models.DB, tp trace.TracerProvider) {
 	cfg := testConfig(b, traced, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	cfg.TracerProvider = tp
 	s := New(cfg)
-	apiKey, err := s.auth.CreateAPIKey(context.Background(), "bench-"+dashRandom(), "bench", "")
+	apiKey, err := s.accounts.CreateAPIKey(context.Background(), nil, "bench-"+dashRandom(), "bench", "")
 	require.NoError(b, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)

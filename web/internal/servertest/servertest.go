@@ -33,8 +33,9 @@ type Server struct {
 	// APIKey is the API key of a tenant created for this server.
 	APIKey string
 	// DB is the database the server uses.
-	DB   *models.DB
-	Auth *services.Auth
+	DB *models.DB
+	// Accounts creates API keys (NewAPIKey).
+	Accounts *services.Accounts
 }
 
 // Start serves a new idemgate server over db on 127.0.0.1:0 until the test ends, with a fresh
@@ -60,26 +61,14 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	auth := services.NewAuth(db, log)
-	awaiter := services.NewAwaiter(db, services.AwaiterConfig{Log: log})
-	srv := web.New(web.Config{
-		Awaiter:        awaiter,
-		Admission:      services.NewAdmission(db, log, 0),
-		Reads:          services.NewReads(db),
-		Reconciliation: services.NewReconciliation(db),
-		Dashboard:      services.NewDashboard(db),
-		Audit:          services.NewAudit(db),
-		Auth:           auth,
-		Log:            log,
-		DB:             sqlDB,
-		Sessions:       services.NewSessionStore(db),
-	})
+	svc := services.New(db, log, services.Options{})
+	srv := web.New(web.Config{Services: svc, Log: log, DB: sqlDB})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
 	}
 	awaitCtx, stopAwait := context.WithCancel(context.Background())
-	go awaiter.Run(awaitCtx)
+	go svc.Awaiter.Run(awaitCtx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -92,7 +81,7 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 		<-done
 		stopAwait()
 	}
-	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Auth: auth}
+	s := &Server{URL: "http://" + ln.Addr().String(), DB: db, Accounts: svc.Accounts}
 	if s.APIKey, err = s.createAPIKey(); err != nil {
 		stop()
 		return nil, nil, err
@@ -113,7 +102,7 @@ func (s *Server) NewAPIKey(tb testing.TB) string {
 func (s *Server) createAPIKey() (string, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return s.Auth.CreateAPIKey(context.Background(), "t-"+hex.EncodeToString(b), "test", "")
+	return s.Accounts.CreateAPIKey(context.Background(), nil, "t-"+hex.EncodeToString(b), "test", "")
 }
 
 // OpenThrough opens a second connection pool to the PostgreSQL database at pgURL through a
