@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
@@ -32,6 +33,14 @@ type testBundle struct {
 func eachDB(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 	t.Helper()
 	onDBs(t, dbs.All(), fn)
+}
+
+// elapse lets d pass for b's tenant, for keys or (none named) all its keys, without waiting:
+// its holds, TTLs and leases end d sooner (modeltest.Elapse). A hold acquired with a TTL of
+// 1 s has expired after b.elapse(t, time.Second).
+func (b *testBundle) elapse(t testing.TB, d time.Duration, keys ...string) {
+	t.Helper()
+	modeltest.Elapse(t, b.db, b.p.TenantID, d, keys...)
 }
 
 // onPostgres runs fn as a subtest on PostgreSQL only, for behaviour SQLite has no counterpart
