@@ -336,7 +336,7 @@ func TestKeysShowLapsedLease(t *testing.T) {
 		require.NoError(t, err)
 		b := newDashBrowser(t, f.s)
 		b.mustLogin(f.restricted)
-		time.Sleep(1100 * time.Millisecond) // the lease of 1 s must run out
+		elapse(t, f.db, f.pA, time.Second, key) // the lease of 1 s runs out
 		check := func(state string) {
 			t.Helper()
 			keys := b.get(f.keysURL("prefix=" + key))

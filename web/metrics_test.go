@@ -160,7 +160,7 @@ func TestMetricsCountEveryDecision(t *testing.T) {
 
 			// The reaper: one pass expires the 1-second hold (its operation becomes
 			// uncertain), one with a retention of 1 ns purges the two released operations.
-			time.Sleep(1100 * time.Millisecond)
+			a.elapse(db, time.Second, "expire")
 			log := s.log
 			res, err := services.NewReaper(db, log, 0).WithObserver(s.Observer()).RunOnce(ctx)
 			require.NoError(t, err)

@@ -95,7 +95,7 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 
 		taken := f.opAcquire(t, f.pA, "q-taken", 1, "")
 		reaped := f.opAcquire(t, f.pA, "q-reaped", 1, "")
-		time.Sleep(1100 * time.Millisecond)
+		elapse(t, f.db, f.pA, time.Second, "q-taken", "q-reaped")
 		f.opAcquire(t, f.pA, "q-taken", 300, "") // takes the expired key over: taken becomes uncertain
 		res, err := services.NewReaper(f.db, slog.New(slog.DiscardHandler), 0).RunOnce(ctx)
 		require.NoError(t, err)
