@@ -61,17 +61,15 @@ func onPostgres(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 
 func onDBs(t *testing.T, set []*models.DB, fn func(t *testing.T, b *testBundle)) {
 	t.Helper()
-	for _, db := range set {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			log := slog.New(slog.NewTextHandler(io.Discard, nil))
-			b := &testBundle{
-				db: db, adm: NewAdmission(db, log, 0), reads: NewReads(db), recon: NewReconciliation(db),
-				dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: NewAuth(db, log),
-				p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
-			}
-			fn(t, b)
-		})
-	}
+	modeltest.Each(t, set, func(t *testing.T, db *models.DB) {
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		b := &testBundle{
+			db: db, adm: NewAdmission(db, log, 0), reads: NewReads(db), recon: NewReconciliation(db),
+			dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: NewAuth(db, log),
+			p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
+		}
+		fn(t, b)
+	})
 }
 
 // isCode reports whether err is a domain error with code.

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -77,28 +76,4 @@ func (c *apiClient) elapse(db *models.DB, d time.Duration, keys ...string) {
 	p, err := c.s.auth.Authenticate(context.Background(), c.key)
 	require.NoError(c.t, err)
 	elapse(c.t, db, p, d, keys...)
-}
-
-// isolatedDBs returns a new, migrated PostgreSQL database and SQLite file that only the calling
-// test uses (both dropped or removed after it), for assertions over every row: the last-admin
-// rule counts every account, the reaper and the reconciliation gauge see every tenant.
-func isolatedDBs(t *testing.T) []*models.DB {
-	t.Helper()
-	ctx := context.Background()
-	pgURL, drop, err := modeltest.CreatePostgres()
-	require.NoError(t, err)
-	t.Cleanup(drop)
-	var out []*models.DB
-	for _, opts := range []models.OpenOptions{
-		{DatabaseURL: pgURL, MaxConns: 16},
-		{SQLitePath: filepath.Join(t.TempDir(), "isolated.db")},
-	} {
-		db, err := models.Open(ctx, opts)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		_, err = models.Migrate(ctx, db, nil)
-		require.NoError(t, err)
-		out = append(out, db)
-	}
-	return out
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web"
 	"github.com/idemgate/idemgate/web/client"
@@ -143,12 +144,10 @@ func NewProxy(tb testing.TB) *Proxy { return testkit.NewProxy(tb, "") }
 // Each runs fn in a parallel subtest per database of dbs, each with its own idemgate server.
 func Each(t *testing.T, dbs []*models.DB, fn func(t *testing.T, srv *Server)) {
 	t.Helper()
-	for _, db := range dbs {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			t.Parallel()
-			fn(t, Start(t, db))
-		})
-	}
+	modeltest.Each(t, dbs, func(t *testing.T, db *models.DB) {
+		t.Parallel()
+		fn(t, Start(t, db))
+	})
 }
 
 // NewClient returns a client of srv with its tenant's API key and a connection pool of its
