@@ -99,6 +99,17 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	return s, stop, nil
 }
 
+// Elapse lets d pass for keys (all when none are named) of the tenant of s's APIKey, without
+// waiting: their holds, TTLs and leases end d sooner (modeltest.Elapse).
+func (s *Server) Elapse(tb testing.TB, d time.Duration, keys ...string) {
+	tb.Helper()
+	p, err := s.Auth.Authenticate(context.Background(), s.APIKey)
+	if err != nil {
+		tb.Fatalf("elapse: authenticate: %v", err)
+	}
+	modeltest.Elapse(tb, s.DB, p.TenantID, d, keys...)
+}
+
 // NewAPIKey creates an API key of a new tenant and returns its secret.
 func (s *Server) NewAPIKey(tb testing.TB) string {
 	tb.Helper()
