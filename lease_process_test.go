@@ -90,7 +90,7 @@ func TestTwoProcessesHoldUntilReconciledAfterSIGKILL(t *testing.T) {
 		waited <- body
 	}()
 
-	require.NoError(t, holder.cmd.Process.Kill()) // SIGKILL: no outcome, no release, no heartbeat
+	holder.Kill() // SIGKILL: no outcome, no release, no heartbeat
 
 	// The other instance answers every acquire without admitting it until well past the TTL
 	// and several reaper passes.
@@ -120,7 +120,7 @@ func TestTwoProcessesHoldUntilReconciledAfterSIGKILL(t *testing.T) {
 	status, next := post(t, other.url+"/v1/acquire", acquireBody)
 	require.Equal(t, http.StatusCreated, status, next)
 	require.EqualValues(t, 2, next["fencing_token"])
-	require.False(t, strings.Contains(other.log.String(), `"level":"ERROR"`), other.log.String())
+	require.False(t, strings.Contains(other.Log.String(), `"level":"ERROR"`), other.Log.String())
 }
 
 // TestTwoProcessesWaitForOutcome: a duplicate waiting on one instance is answered with the

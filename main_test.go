@@ -12,16 +12,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
 )
@@ -30,94 +29,24 @@ const testAPIKey = "idg_process_test_key_0123456789abcdef"
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemgate-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "idemgate")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: build idemgate: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testkit.BuildMain(m, &binary)) }
 
 // server is one running idemgate process.
 type server struct {
+	*testkit.Proc
 	url string
-	cmd *exec.Cmd
-	log *syncBuffer
-}
-
-// syncBuffer collects a process's output; tests may read it while the process writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // startServer runs the binary with env added to a minimal environment and waits for /healthz.
 func startServer(t *testing.T, env ...string) *server {
 	t.Helper()
-	addr := freeAddr(t)
-	cmd := exec.Command(binary, "serve")
-	cmd.Dir = t.TempDir()
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + addr,
-		"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=process-test-password",
-		"IDEMGATE_LOG_FORMAT=json",
+	p := testkit.Serve(t, binary, append([]string{"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey,
+		"IDEMGATE_ADMIN_PASSWORD=process-test-password", "IDEMGATE_LOG_FORMAT=json",
 		// Generous store deadlines unless a test sets its own (a later entry wins): under -race
 		// on a starved 2-core CI machine an SQLite commit can take seconds, and a test that is
 		// not about deadlines must not see 503s for it.
-		"IDEMGATE_STORE_TIMEOUT=1m", "IDEMGATE_START_TIMEOUT=2m"}, env...)
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	require.NoError(t, cmd.Start())
-	s := &server{url: "http://" + addr, cmd: cmd, log: log}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait() // also waits for the goroutines copying output into log
-		if t.Failed() {
-			t.Logf("server %s log:\n%s", addr, log.String())
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(s.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server did not become healthy; log:\n%s", log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		"IDEMGATE_STORE_TIMEOUT=1m", "IDEMGATE_START_TIMEOUT=2m"}, env...)...)
+	return &server{Proc: p, url: p.URL()}
 }
 
 var client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
@@ -201,111 +130,18 @@ func TestTwoProcessesAdmitExactlyOnce(t *testing.T) {
 	}
 }
 
-// proxy is a TCP proxy to PostgreSQL that a test can cut and restore, so one server loses its
-// database without disturbing other test packages that share the PostgreSQL server.
-//
-// It can also stall: keep every connection open and accept new ones, but forward no bytes,
-// as a PostgreSQL that hangs (or a network that drops packets without a reset) looks.
-type proxy struct {
-	l       net.Listener
-	target  string
-	mu      sync.Mutex
-	down    bool
-	stalled bool
-	flowing *sync.Cond // signalled when stalled becomes false
-	conns   []net.Conn
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &proxy{l: l, target: target}
-	p.flowing = sync.NewCond(&p.mu)
-	t.Cleanup(func() { l.Close(); p.setStalled(false); p.setDown(true) })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			if p.down {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			go p.pipe(up, c)
-			go p.pipe(c, up)
-		}
-	}()
-	return p
-}
-
-func (p *proxy) setDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.conns = nil
-	}
-}
-
-// pipe copies src to dst, holding each chunk while the proxy is stalled.
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			for p.stalled {
-				p.flowing.Wait()
-			}
-			p.mu.Unlock()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// setStalled stops (true) or resumes (false) forwarding bytes; connections stay open.
-func (p *proxy) setStalled(stalled bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.stalled = stalled
-	if !stalled {
-		p.flowing.Broadcast()
-	}
-}
-
 func TestDatabaseDownAnswers503AndRecovers(t *testing.T) {
 	dbURL, drop, err := modeltest.CreatePostgres()
 	require.NoError(t, err)
 	t.Cleanup(drop)
-	px := newProxy(t, "127.0.0.1:5432")
-	proxied := strings.Replace(dbURL, "127.0.0.1:5432", px.l.Addr().String(), 1)
-	require.NotEqual(t, dbURL, proxied, "the test database URL must point at 127.0.0.1:5432")
+	px := testkit.NewProxy(t, "")
+	proxied := px.Via(t, dbURL)
 	s := startServer(t, "DATABASE_URL="+proxied)
 
 	st, body := post(t, s.url+"/v1/acquire", map[string]any{"key": "before-outage", "ttl_seconds": 60})
 	require.Equal(t, http.StatusCreated, st, "%v", body)
 
-	px.setDown(true)
+	px.SetDown(true)
 	st, body = post(t, s.url+"/v1/acquire", map[string]any{"key": "during-outage", "ttl_seconds": 60})
 	require.Equal(t, http.StatusServiceUnavailable, st, "%v", body)
 	require.Equal(t, "store_unavailable", body["code"])
@@ -319,7 +155,7 @@ func TestDatabaseDownAnswers503AndRecovers(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the process itself stays alive")
 
-	px.setDown(false)
+	px.SetDown(false)
 	// Recovery needs no restart: poll until the same request is admitted.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -420,16 +256,15 @@ func TestStalledDatabaseAnswers503AndRecovers(t *testing.T) {
 	dbURL, drop, err := modeltest.CreatePostgres()
 	require.NoError(t, err)
 	t.Cleanup(drop)
-	px := newProxy(t, "127.0.0.1:5432")
-	proxied := strings.Replace(dbURL, "127.0.0.1:5432", px.l.Addr().String(), 1)
-	require.NotEqual(t, dbURL, proxied, "the test database URL must point at 127.0.0.1:5432")
+	px := testkit.NewProxy(t, "")
+	proxied := px.Via(t, dbURL)
 	s := startServer(t, "DATABASE_URL="+proxied, "IDEMGATE_STORE_TIMEOUT=1s")
 
 	st, body := post(t, s.url+"/v1/acquire", map[string]any{"key": "before-stall", "ttl_seconds": 60})
 	require.Equal(t, http.StatusCreated, st, "%v", body)
 
-	px.setStalled(true)
-	resumed := time.AfterFunc(stallWindow, func() { px.setStalled(false) })
+	px.SetStalled(true)
+	resumed := time.AfterFunc(stallWindow, func() { px.SetStalled(false) })
 	defer resumed.Stop()
 	type answer struct {
 		status int
@@ -464,7 +299,7 @@ func TestStalledDatabaseAnswers503AndRecovers(t *testing.T) {
 	require.Contains(t, resp.Header.Get("Content-Type"), "text/html")
 	require.True(t, resumed.Stop(), "every answer above must come before the stall ends")
 
-	px.setStalled(false)
+	px.SetStalled(false)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for {
@@ -489,26 +324,22 @@ func TestServeAgainstStalledDatabase(t *testing.T) {
 	dbURL, drop, err := modeltest.CreatePostgres()
 	require.NoError(t, err)
 	t.Cleanup(drop)
-	px := newProxy(t, "127.0.0.1:5432")
-	px.setStalled(true)
-	proxied := strings.Replace(dbURL, "127.0.0.1:5432", px.l.Addr().String(), 1)
-	cmd := exec.Command(binary, "serve")
-	cmd.Dir = t.TempDir()
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + freeAddr(t),
-		"IDEMGATE_LOG_FORMAT=json", "DATABASE_URL=" + proxied, "IDEMGATE_STORE_TIMEOUT=1s", "IDEMGATE_START_TIMEOUT=4s"}
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	px := testkit.NewProxy(t, "")
+	px.SetStalled(true)
+	proxied := px.Via(t, dbURL)
+	p := testkit.NewProc(binary, testkit.FreeAddr(t), append(testkit.MinimalEnv(), "IDEMGATE_LOG_FORMAT=json",
+		"DATABASE_URL="+proxied, "IDEMGATE_STORE_TIMEOUT=1s", "IDEMGATE_START_TIMEOUT=4s")...)
+	p.Dir = t.TempDir()
+	require.NoError(t, p.Launch())
+	t.Cleanup(p.Kill)
 	select {
-	case err = <-exited:
+	case <-p.Exited():
+		err = p.Wait()
 	case <-time.After(stallWindow):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("serve still starting when the stall window ended; log:\n%s", log.String())
+		p.Kill()
+		t.Fatalf("serve still starting when the stall window ended; log:\n%s", p.Log.String())
 	}
-	out := log.String()
+	out := p.Log.String()
 	require.Error(t, err, "serve must fail when the database never answers; log:\n%s", out)
 	var connecting, retrying, gaveUp bool
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -519,13 +350,13 @@ func TestServeAgainstStalledDatabase(t *testing.T) {
 		switch rec["msg"] {
 		case "connecting to database":
 			connecting = true
-			require.Equal(t, px.l.Addr().String(), rec["host"], line)
+			require.Equal(t, px.Addr(), rec["host"], line)
 		case "database not reachable, retrying":
 			retrying = true
-			require.Equal(t, px.l.Addr().String(), rec["host"], line)
+			require.Equal(t, px.Addr(), rec["host"], line)
 		case "cannot start":
 			gaveUp = true
-			require.Contains(t, rec["err"], px.l.Addr().String(), line)
+			require.Contains(t, rec["err"], px.Addr(), line)
 		}
 	}
 	require.True(t, connecting && retrying && gaveUp, "log:\n%s", out)

@@ -66,7 +66,7 @@ func TestMemoryFlatOverManyKeys(t *testing.T) {
 		next.Store(upto)
 	}
 	run(warm)
-	pid := s.cmd.Process.Pid
+	pid := s.Pid()
 	base := rssBytes(t, pid)
 	run(total)
 	time.Sleep(3 * time.Second) // let the reaper expire the last holds (interval 1 s, TTL 1 s)

@@ -32,10 +32,10 @@ func TestSecretsNeverLogged(t *testing.T) {
 	s := startServer(t, "IDEMGATE_SQLITE_PATH="+dbPath, "IDEMGATE_BOOTSTRAP_API_KEY=", "IDEMGATE_ADMIN_PASSWORD=")
 
 	// The generated secrets, from the lines that announce them. The server has written them
-	// before it answered /healthz, but the pipe from the child may not have reached s.log yet.
+	// before it answered /healthz, but the pipe from the child may not have reached s.Log yet.
 	var apiKey, adminPassword string
 	for deadline := time.Now().Add(10 * time.Second); (apiKey == "" || adminPassword == "") && time.Now().Before(deadline); {
-		complete := s.log.String()
+		complete := s.Log.String()
 		complete = complete[:strings.LastIndexByte(complete, '\n')+1] // whole lines only
 		for _, rec := range logRecords(t, complete) {
 			if v, ok := rec["api_key"].(string); ok {
@@ -120,16 +120,16 @@ func TestSecretsNeverLogged(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "signed in")
 
 	// Stop the server so its log is complete.
-	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, s.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
+	go func() { done <- s.Wait() }()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
 	case <-time.After(15 * time.Second):
 		t.Fatal("the server did not stop")
 	}
-	log := s.log.String()
+	log := s.Log.String()
 
 	// The bootstrap secrets: exactly once each, in the line announcing them.
 	for name, sec := range map[string]string{"api_key": apiKey, "password": adminPassword} {

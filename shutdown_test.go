@@ -77,8 +77,8 @@ func TestGracefulShutdownCommitsEveryAnswer(t *testing.T) {
 
 	exited := make(chan error, 1)
 	sigterm := time.Now()
-	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	go func() { exited <- s.cmd.Wait() }()
+	require.NoError(t, s.Signal(syscall.SIGTERM))
+	go func() { exited <- s.Wait() }()
 
 	// New connections are refused once shutdown has begun (bounded poll).
 	refusedAt := time.Time{}

@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
@@ -30,21 +30,20 @@ func TestAbandonedTransactionFreesItsLocks(t *testing.T) {
 	require.NoError(t, err)
 	tenant := modeltest.Tenant(t, direct)
 
-	px := newProxy(t, "127.0.0.1:5432")
-	proxied := strings.Replace(dbURL, "127.0.0.1:5432", px.l.Addr().String(), 1)
-	require.NotEqual(t, dbURL, proxied)
+	px := testkit.NewProxy(t, "")
+	proxied := px.Via(t, dbURL)
 	db, err := models.Open(ctx, models.OpenOptions{DatabaseURL: proxied, MaxConns: 2, StoreTimeout: time.Second})
 	require.NoError(t, err)
 	defer db.Close()
 
-	resumed := time.AfterFunc(stallWindow, func() { px.setStalled(false) })
+	resumed := time.AfterFunc(stallWindow, func() { px.SetStalled(false) })
 	defer resumed.Stop()
 	err = db.Tx(ctx, func(tx *gorm.DB) error {
 		var id int64
 		if err := tx.Raw("SELECT id FROM tenants WHERE id = ? FOR UPDATE", tenant).Scan(&id).Error; err != nil {
 			return err
 		}
-		px.setStalled(true) // from here nothing this client sends reaches the server
+		px.SetStalled(true) // from here nothing this client sends reaches the server
 		return tx.Exec("UPDATE tenants SET name = name WHERE id = ?", tenant).Error
 	})
 	require.Error(t, err, "the statement sent into the stall cannot have been answered")
@@ -60,5 +59,5 @@ func TestAbandonedTransactionFreesItsLocks(t *testing.T) {
 	require.True(t, resumed.Stop(), "the lock must be freed by the server's bound, not by the stall ending")
 	t.Logf("a direct connection got the lock after %s", time.Since(waitStart).Round(time.Millisecond))
 	require.Equal(t, tenant, id)
-	px.setStalled(false) // so closing the pool does not wait on the stalled connection
+	px.SetStalled(false) // so closing the pool does not wait on the stalled connection
 }

@@ -56,7 +56,7 @@ func TestServeFlushesTracesOnStop(t *testing.T) {
 			}))
 			t.Cleanup(recv.Close)
 			s := startServer(t, dbEnv, "OTEL_EXPORTER_OTLP_ENDPOINT="+recv.URL, "OTEL_BSP_SCHEDULE_DELAY=60000")
-			require.Contains(t, s.log.String(), `"msg":"exporting traces"`)
+			require.Contains(t, s.Log.String(), `"msg":"exporting traces"`)
 
 			const traceID = "5af7651916cd43dd8448eb211c80319c"
 			req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/acquire",
@@ -69,16 +69,16 @@ func TestServeFlushesTracesOnStop(t *testing.T) {
 			_ = resp.Body.Close()
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 
-			require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+			require.NoError(t, s.Signal(syscall.SIGTERM))
 			done := make(chan error, 1)
-			go func() { done <- s.cmd.Wait() }()
+			go func() { done <- s.Wait() }()
 			select {
 			case err := <-done:
 				require.NoError(t, err, "serve did not exit 0")
 			case <-time.After(20 * time.Second):
 				t.Fatal("serve did not stop within 20 s")
 			}
-			require.Contains(t, s.log.String(), `"trace_id":"`+traceID+`"`, "no log line with the trace id")
+			require.Contains(t, s.Log.String(), `"trace_id":"`+traceID+`"`, "no log line with the trace id")
 
 			mu.Lock()
 			defer mu.Unlock()

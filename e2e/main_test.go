@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -26,10 +25,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/playwright-community/playwright-go"
 )
@@ -102,11 +101,8 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 
-	binPath = filepath.Join(tmp, "idemgate")
-	build := exec.Command("go", "build", "-o", binPath, ".")
-	build.Dir = repoRoot
-	if out, err := build.CombinedOutput(); err != nil {
-		return failSetup("go build: %v\n%s", err, out)
+	if binPath, err = testkit.Build(tmp); err != nil {
+		return failSetup("%v", err)
 	}
 
 	var drop func()
@@ -117,7 +113,7 @@ func runMain(m *testing.M) int {
 	}
 	defer drop()
 
-	stopServer, err := startServer(tmp)
+	stopServer, err := startServer()
 	if err != nil {
 		return failSetup("cannot start idemgate: %v", err)
 	}
@@ -169,76 +165,29 @@ func checkDriver() (string, error) {
 }
 
 // startServer runs `idemgate serve` on a free port of 127.0.0.1 and waits for /healthz.
-func startServer(tmp string) (stop func(), err error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func startServer() (stop func(), err error) {
+	addr, err := testkit.PickAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
 	baseURL = "http://" + addr
-
-	logPath := filepath.Join(tmp, "server.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(binPath, "serve")
-	cmd.Env = append(os.Environ(),
-		"IDEMGATE_ADDR="+addr,
+	p := testkit.NewProc(binPath, addr, append(os.Environ(),
 		"DATABASE_URL="+databaseURL,
 		"IDEMGATE_ADMIN_PASSWORD="+adminPassword,
 		"IDEMGATE_BOOTSTRAP_API_KEY="+apiKey,
 		"IDEMGATE_REAP_INTERVAL=1s",
 		"IDEMGATE_LOG_FORMAT=json",
 		"IDEMGATE_SHUTDOWN_TIMEOUT=3s",
-	)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		_ = logFile.Close()
+	)...)
+	if err := p.Start(); err != nil {
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop = func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		_ = logFile.Close()
+	return func() {
+		_ = p.Stop(10 * time.Second)
 		if os.Getenv("E2E_SERVER_LOG") != "" {
-			if b, err := os.ReadFile(logPath); err == nil {
-				fmt.Fprintf(os.Stderr, "--- idemgate server log ---\n%s", b)
-			}
+			fmt.Fprintf(os.Stderr, "--- idemgate server log ---\n%s", p.Log.String())
 		}
-	}
-	serverLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-
-	deadline := time.After(30 * time.Second)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	client := &http.Client{Timeout: 2 * time.Second}
-	for {
-		select {
-		case err := <-exited:
-			_ = logFile.Close()
-			return nil, fmt.Errorf("idemgate exited (%v) before answering /healthz:\n%s", err, serverLog())
-		case <-deadline:
-			stop()
-			return nil, fmt.Errorf("idemgate did not answer %s/healthz within 30s:\n%s", baseURL, serverLog())
-		case <-tick.C:
-			resp, err := client.Get(baseURL + "/healthz")
-			if err == nil {
-				_ = resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return stop, nil
-				}
-			}
-		}
-	}
+	}, nil
 }
 
 func randomHex(n int) string {

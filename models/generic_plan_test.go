@@ -95,7 +95,7 @@ func TestAcquireBatchGenericPlansUseIndexes(t *testing.T) {
 				item{key: k("a"), op: "x", ttl: 60}))
 		require.Equal(t, []string{"admitted", "duplicate"},
 			batch(item{key: k("c"), op: "x", ttl: 60, attempt: "att"}, item{key: k("a"), op: "x", ttl: 60}))
-		time.Sleep(1100 * time.Millisecond) // b's lease (1 s) lapses, c's TTL runs out
+		modeltest.Elapse(t, db, tenant, time.Second, k("b"), k("c")) // b's lease (1 s) lapses, c's TTL runs out
 		require.Equal(t, []string{"admitted", "admitted", "duplicate", "admitted"},
 			batch(item{key: k("b"), op: "x", ttl: 60}, item{key: k("c"), op: "x", ttl: 60},
 				item{key: k("c"), op: "x", ttl: 60}, item{key: k("d"), op: "x", ttl: 60}))

@@ -23,22 +23,20 @@ func TestModelsMatchMigrations(t *testing.T) {
 	all := []any{&models.Tenant{}, &models.APIKey{}, &models.Operator{}, &models.Session{}, &models.IdemKey{},
 		&models.Operation{}, &models.Attempt{}, &models.Event{}, &models.WebhookEndpoint{}, &models.WebhookEvent{},
 		&models.ReconciliationJob{}, &models.ReconciliationJobItem{}}
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			for _, m := range all {
-				var cache sync.Map
-				s, err := schema.Parse(m, &cache, db.NamingStrategy)
-				require.NoError(t, err)
-				require.True(t, db.Migrator().HasTable(s.Table), s.Table)
-				for _, f := range s.Fields {
-					if f.DBName == "" {
-						continue
-					}
-					require.True(t, db.Migrator().HasColumn(m, f.DBName), "%s.%s", s.Table, f.DBName)
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		for _, m := range all {
+			var cache sync.Map
+			s, err := schema.Parse(m, &cache, db.NamingStrategy)
+			require.NoError(t, err)
+			require.True(t, db.Migrator().HasTable(s.Table), s.Table)
+			for _, f := range s.Fields {
+				if f.DBName == "" {
+					continue
 				}
+				require.True(t, db.Migrator().HasColumn(m, f.DBName), "%s.%s", s.Table, f.DBName)
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestSQLiteSynchronousFull checks that every connection of the SQLite pool commits with

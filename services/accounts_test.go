@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -14,21 +16,19 @@ import (
 // anyone but a global admin, like the admin page's.
 func TestAccountAdministrationNeedsAGlobalAdmin(t *testing.T) {
 	t.Parallel()
-	for _, db := range freshDBs(t) {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			accounts := NewAccounts(db, nil, nil)
-			_, err := accounts.CreateAPIKey(bg, nil, "shop", "", "")
-			require.NoError(t, err)
-			shop := tenantID(t, db, "shop")
-			for _, acct := range []*OperatorAccount{nil, {Role: RoleOperator}, {Role: RoleAdmin, TenantID: &shop}} {
-				_, err := accounts.ListTenants(bg, acct)
-				require.ErrorIs(t, err, ErrUnauthorized)
-				_, err = accounts.OperatorByUsername(bg, acct, "x")
-				require.ErrorIs(t, err, ErrUnauthorized)
-				require.ErrorIs(t, accounts.SetOperatorPassword(bg, acct, 1, "a-long-enough-password"), ErrUnauthorized)
-			}
-		})
-	}
+	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
+		accounts := NewAccounts(db, nil, nil)
+		_, err := accounts.CreateAPIKey(bg, nil, "shop", "", "")
+		require.NoError(t, err)
+		shop := tenantID(t, db, "shop")
+		for _, acct := range []*OperatorAccount{nil, {Role: RoleOperator}, {Role: RoleAdmin, TenantID: &shop}} {
+			_, err := accounts.ListTenants(bg, acct)
+			require.ErrorIs(t, err, ErrUnauthorized)
+			_, err = accounts.OperatorByUsername(bg, acct, "x")
+			require.ErrorIs(t, err, ErrUnauthorized)
+			require.ErrorIs(t, accounts.SetOperatorPassword(bg, acct, 1, "a-long-enough-password"), ErrUnauthorized)
+		}
+	})
 }
 
 // TestSetOperatorPasswordConcurrently: concurrent password changes of one account leave it
@@ -36,66 +36,62 @@ func TestAccountAdministrationNeedsAGlobalAdmin(t *testing.T) {
 func TestSetOperatorPasswordConcurrently(t *testing.T) {
 	t.Parallel()
 	admin := &OperatorAccount{Username: "test", Role: RoleAdmin}
-	for _, db := range freshDBs(t) {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			auth := NewAuth(db, nil)
-			accounts := NewAccounts(db, nil, auth)
-			op, err := accounts.CreateOperator(bg, nil, "carol", "the-old-password", RoleOperator, "")
-			require.NoError(t, err)
-			got, err := accounts.OperatorByUsername(bg, admin, "carol")
-			require.NoError(t, err)
-			require.Equal(t, op.ID, got.ID)
-			_, err = accounts.OperatorByUsername(bg, admin, "nobody")
-			require.ErrorIs(t, err, ErrNotFound)
-			require.ErrorIs(t, accounts.SetOperatorPassword(bg, admin, op.ID, "short"), ErrInvalidRequest)
-			require.ErrorIs(t, accounts.SetOperatorPassword(bg, admin, op.ID+1000, "a-long-enough-password"), ErrNotFound)
+	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
+		auth := NewAuth(db, nil)
+		accounts := NewAccounts(db, nil, auth)
+		op, err := accounts.CreateOperator(bg, nil, "carol", "the-old-password", RoleOperator, "")
+		require.NoError(t, err)
+		got, err := accounts.OperatorByUsername(bg, admin, "carol")
+		require.NoError(t, err)
+		require.Equal(t, op.ID, got.ID)
+		_, err = accounts.OperatorByUsername(bg, admin, "nobody")
+		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, accounts.SetOperatorPassword(bg, admin, op.ID, "short"), ErrInvalidRequest)
+		require.ErrorIs(t, accounts.SetOperatorPassword(bg, admin, op.ID+1000, "a-long-enough-password"), ErrNotFound)
 
-			passwords := []string{"new-password-one", "new-password-two", "new-password-three", "new-password-four"}
-			var wg sync.WaitGroup
-			for _, pw := range passwords {
-				wg.Go(func() { assert.NoError(t, accounts.SetOperatorPassword(bg, admin, op.ID, pw)) })
+		passwords := []string{"new-password-one", "new-password-two", "new-password-three", "new-password-four"}
+		var wg sync.WaitGroup
+		for _, pw := range passwords {
+			wg.Go(func() { assert.NoError(t, accounts.SetOperatorPassword(bg, admin, op.ID, pw)) })
+		}
+		wg.Wait()
+		works := 0
+		for _, pw := range passwords {
+			if _, err := auth.Login(bg, "carol", pw); err == nil {
+				works++
 			}
-			wg.Wait()
-			works := 0
-			for _, pw := range passwords {
-				if _, err := auth.Login(bg, "carol", pw); err == nil {
-					works++
-				}
-			}
-			require.Equal(t, 1, works)
-			_, err = auth.Login(bg, "carol", "the-old-password")
-			require.ErrorIs(t, err, ErrUnauthorized)
-		})
-	}
+		}
+		require.Equal(t, 1, works)
+		_, err = auth.Login(bg, "carol", "the-old-password")
+		require.ErrorIs(t, err, ErrUnauthorized)
+	})
 }
 
 // TestListTenantsCountsKeys: each tenant with its keys, revoked ones counted apart.
 func TestListTenantsCountsKeys(t *testing.T) {
 	t.Parallel()
 	admin := &OperatorAccount{Username: "test", Role: RoleAdmin}
-	for _, db := range freshDBs(t) {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			accounts := NewAccounts(db, nil, nil)
-			s1, err := accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
-			require.NoError(t, err)
-			_, err = accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
-			require.NoError(t, err)
-			_, err = accounts.CreateAPIKey(bg, nil, "a-tenant", "", "")
-			require.NoError(t, err)
-			_, err = accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: s1})
-			require.NoError(t, err)
-			ts, err := accounts.ListTenants(bg, admin)
-			require.NoError(t, err)
-			require.Len(t, ts, 2)
-			require.Equal(t, "a-tenant", ts[0].Name)
-			require.EqualValues(t, 1, ts[0].APIKeys)
-			require.EqualValues(t, 1, ts[0].ActiveKeys)
-			require.Equal(t, "b-tenant", ts[1].Name)
-			require.EqualValues(t, 2, ts[1].APIKeys)
-			require.EqualValues(t, 1, ts[1].ActiveKeys)
-			require.False(t, ts[1].CreatedAt.IsZero())
-		})
-	}
+	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
+		accounts := NewAccounts(db, nil, nil)
+		s1, err := accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
+		require.NoError(t, err)
+		_, err = accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
+		require.NoError(t, err)
+		_, err = accounts.CreateAPIKey(bg, nil, "a-tenant", "", "")
+		require.NoError(t, err)
+		_, err = accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: s1})
+		require.NoError(t, err)
+		ts, err := accounts.ListTenants(bg, admin)
+		require.NoError(t, err)
+		require.Len(t, ts, 2)
+		require.Equal(t, "a-tenant", ts[0].Name)
+		require.EqualValues(t, 1, ts[0].APIKeys)
+		require.EqualValues(t, 1, ts[0].ActiveKeys)
+		require.Equal(t, "b-tenant", ts[1].Name)
+		require.EqualValues(t, 2, ts[1].APIKeys)
+		require.EqualValues(t, 1, ts[1].ActiveKeys)
+		require.False(t, ts[1].CreatedAt.IsZero())
+	})
 }
 
 // FuzzValidatePassword: what ValidatePassword accepts, bcrypt can hash whole (at most 72

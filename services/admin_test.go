@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,23 +19,9 @@ import (
 // package's shared database where other tests create admins in parallel.
 func adminIsolated(t *testing.T, fn func(t *testing.T, a *Accounts, db *models.DB)) {
 	t.Helper()
-	ctx := context.Background()
-	pgURL, drop, err := modeltest.CreatePostgres()
-	require.NoError(t, err)
-	t.Cleanup(drop)
-	for _, opts := range []models.OpenOptions{
-		{DatabaseURL: pgURL, MaxConns: 4},
-		{SQLitePath: filepath.Join(t.TempDir(), "admin.db")},
-	} {
-		db, err := models.Open(ctx, opts)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		_, err = models.Migrate(ctx, db, nil)
-		require.NoError(t, err)
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			fn(t, NewAccounts(db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), db)
-		})
-	}
+	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
+		fn(t, NewAccounts(db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), db)
+	})
 }
 
 // adminAccount stores an account directly (cheap bcrypt cost) and returns it.

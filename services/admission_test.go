@@ -99,7 +99,7 @@ func TestExpiredHoldIsReadmittedWithNextFencingToken(t *testing.T) {
 		ctx := context.Background()
 		first, err := b.adm.Acquire(ctx, b.p, AcquireInput{Key: "k", TTLSeconds: 1})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond)
+		b.elapse(t, time.Second)
 		second, err := b.adm.Acquire(ctx, b.p, AcquireInput{Key: "k", TTLSeconds: 60})
 		require.NoError(t, err)
 		require.True(t, second.Admitted)
@@ -217,9 +217,6 @@ func otherTenant(t *testing.T, b *testBundle) Principal {
 	return Principal{TenantID: modeltest.Tenant(t, b.db), Prefix: "idg_othertest"}
 }
 
-// waitExpiry sleeps until holds acquired with a TTL of 1 s before the call have expired.
-func waitExpiry() { time.Sleep(1100 * time.Millisecond) }
-
 func TestAttemptIDRetryReadmitsSameOperation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
@@ -289,7 +286,7 @@ func TestPreviousOperation(t *testing.T) {
 		require.NoError(t, err)
 		failed := mustAcquire(t, b, "prev-failed", 1)
 		mustRecord(t, b, failed, OutcomeInput{Status: StateFailed})
-		waitExpiry()
+		b.elapse(t, time.Second)
 
 		next := mustAcquire(t, b, "prev-succeeded", 60)
 		require.EqualValues(t, 2, next.FencingToken)
@@ -487,7 +484,7 @@ func checkInvariants(t *testing.T, b *testBundle, admitted int) {
 func TestConcurrentAcquireOfExpiredKey(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		old := mustAcquire(t, b, "expired-race", 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 		const n = 32
 		var (
 			wg      sync.WaitGroup

@@ -27,7 +27,7 @@ func TestAuditGroupsAndFlags(t *testing.T) {
 		// "again": succeeded, then admitted again after its TTL, then a duplicate.
 		first := mustAcquire(t, b, "again", 1)
 		mustRecord(t, b, first, OutcomeInput{Status: StateSucceeded})
-		waitExpiry()
+		b.elapse(t, time.Second)
 		mustAcquire(t, b, "again", 60)
 		_, err = b.adm.Acquire(bg, b.p, AcquireInput{Key: "again", TTLSeconds: 60})
 		require.NoError(t, err)
@@ -149,7 +149,7 @@ func TestAuditPossibleDuplicateEffect(t *testing.T) {
 		mustRecord(t, b, first["resold"], OutcomeInput{Status: StateSucceeded})
 		mustRecord(t, b, first["failed"], OutcomeInput{Status: StateFailed})
 		mustRecord(t, b, first["released"], OutcomeInput{Status: StateFailed, Release: true})
-		waitExpiry()
+		b.elapse(t, time.Second)
 		second := map[string]*Acquisition{"lost": mustAcquire(t, b, "lost", 60)} // uncertain by the takeover
 		_, err := b.reaper.RunOnce(bg)                                           // "reaped" and "cleared" by the reaper
 		require.NoError(t, err)

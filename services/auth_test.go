@@ -3,7 +3,6 @@ package services
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -225,86 +224,64 @@ func TestCreateOperatorAndLogin(t *testing.T) {
 	})
 }
 
-// freshDBs returns a new, migrated, empty database of each dialect (Bootstrap depends on the
-// whole database being empty, which the shared package databases are not).
-func freshDBs(t *testing.T) []*models.DB {
-	t.Helper()
-	pgURL, drop, err := modeltest.CreatePostgres()
-	require.NoError(t, err)
-	t.Cleanup(drop)
-	pg, err := models.Open(bg, models.OpenOptions{DatabaseURL: pgURL, MaxConns: 4})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pg.Close() })
-	lite, err := models.Open(bg, models.OpenOptions{SQLitePath: filepath.Join(t.TempDir(), "fresh.db")})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = lite.Close() })
-	for _, db := range []*models.DB{pg, lite} {
-		_, err := models.Migrate(bg, db, nil)
-		require.NoError(t, err)
-	}
-	return []*models.DB{pg, lite}
-}
-
 func TestBootstrap(t *testing.T) {
 	t.Parallel()
-	for _, db := range freshDBs(t) {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			count := func() (ops, keys int64) {
-				require.NoError(t, db.Model(&models.Operator{}).Count(&ops).Error)
-				require.NoError(t, db.Model(&models.APIKey{}).Count(&keys).Error)
-				return
-			}
-			auth := NewAuth(db, nil)
-			accounts := NewAccounts(db, nil, auth)
-			res, err := accounts.Bootstrap(bg, "", "")
-			require.NoError(t, err)
-			require.True(t, res.AdminCreated)
-			require.True(t, res.APIKeyCreated)
-			require.Len(t, res.AdminPassword, 24)
-			require.True(t, strings.HasPrefix(res.APIKey, "idg_"))
+	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
+		count := func() (ops, keys int64) {
+			require.NoError(t, db.Model(&models.Operator{}).Count(&ops).Error)
+			require.NoError(t, db.Model(&models.APIKey{}).Count(&keys).Error)
+			return
+		}
+		auth := NewAuth(db, nil)
+		accounts := NewAccounts(db, nil, auth)
+		res, err := accounts.Bootstrap(bg, "", "")
+		require.NoError(t, err)
+		require.True(t, res.AdminCreated)
+		require.True(t, res.APIKeyCreated)
+		require.Len(t, res.AdminPassword, 24)
+		require.True(t, strings.HasPrefix(res.APIKey, "idg_"))
 
-			acc, err := auth.Login(bg, "admin", res.AdminPassword)
-			require.NoError(t, err)
-			require.Equal(t, RoleAdmin, acc.Role)
-			require.Nil(t, acc.TenantID)
-			p, err := auth.Authenticate(bg, res.APIKey)
-			require.NoError(t, err)
-			require.Equal(t, tenantID(t, db, DefaultTenant), p.TenantID)
+		acc, err := auth.Login(bg, "admin", res.AdminPassword)
+		require.NoError(t, err)
+		require.Equal(t, RoleAdmin, acc.Role)
+		require.Nil(t, acc.TenantID)
+		p, err := auth.Authenticate(bg, res.APIKey)
+		require.NoError(t, err)
+		require.Equal(t, tenantID(t, db, DefaultTenant), p.TenantID)
 
-			// Once is enough: a second start creates and prints nothing.
-			again, err := accounts.Bootstrap(bg, "", "")
-			require.NoError(t, err)
-			require.Equal(t, &BootstrapResult{}, again)
-			ops, keys := count()
-			require.EqualValues(t, 1, ops)
-			require.EqualValues(t, 1, keys)
+		// Once is enough: a second start creates and prints nothing.
+		again, err := accounts.Bootstrap(bg, "", "")
+		require.NoError(t, err)
+		require.Equal(t, &BootstrapResult{}, again)
+		ops, keys := count()
+		require.EqualValues(t, 1, ops)
+		require.EqualValues(t, 1, keys)
 
-			// Supplied secrets are used and not echoed back.
-			require.NoError(t, db.Exec("DELETE FROM operators").Error)
-			require.NoError(t, db.Exec("DELETE FROM api_keys").Error)
-			const pw, key = "supplied admin password", "supplied_bootstrap_key_0123"
-			res, err = accounts.Bootstrap(bg, pw, key)
-			require.NoError(t, err)
-			require.Equal(t, &BootstrapResult{AdminCreated: true, APIKeyCreated: true}, res)
-			_, err = auth.Login(bg, "admin", pw)
-			require.NoError(t, err)
-			p, err = NewAuth(db, nil).Authenticate(bg, key)
-			require.NoError(t, err)
-			require.Equal(t, tenantID(t, db, DefaultTenant), p.TenantID)
+		// Supplied secrets are used and not echoed back.
+		require.NoError(t, db.Exec("DELETE FROM operators").Error)
+		require.NoError(t, db.Exec("DELETE FROM api_keys").Error)
+		const pw, key = "supplied admin password", "supplied_bootstrap_key_0123"
+		res, err = accounts.Bootstrap(bg, pw, key)
+		require.NoError(t, err)
+		require.Equal(t, &BootstrapResult{AdminCreated: true, APIKeyCreated: true}, res)
+		_, err = auth.Login(bg, "admin", pw)
+		require.NoError(t, err)
+		p, err = NewAuth(db, nil).Authenticate(bg, key)
+		require.NoError(t, err)
+		require.Equal(t, tenantID(t, db, DefaultTenant), p.TenantID)
 
-			// Weak or malformed supplied secrets are refused (bcrypt is slow under -race, so the
-			// admin account is kept while the API key is tried).
-			require.NoError(t, db.Exec("DELETE FROM api_keys").Error)
-			_, err = accounts.Bootstrap(bg, "", "not a valid key")
-			require.ErrorIs(t, err, ErrInvalidRequest)
-			ops, keys = count()
-			require.EqualValues(t, 1, ops)
-			require.Zero(t, keys)
-			require.NoError(t, db.Exec("DELETE FROM operators").Error)
-			_, err = accounts.Bootstrap(bg, "short", "")
-			require.ErrorIs(t, err, ErrInvalidRequest)
-			ops, _ = count()
-			require.Zero(t, ops)
-		})
-	}
+		// Weak or malformed supplied secrets are refused (bcrypt is slow under -race, so the
+		// admin account is kept while the API key is tried).
+		require.NoError(t, db.Exec("DELETE FROM api_keys").Error)
+		_, err = accounts.Bootstrap(bg, "", "not a valid key")
+		require.ErrorIs(t, err, ErrInvalidRequest)
+		ops, keys = count()
+		require.EqualValues(t, 1, ops)
+		require.Zero(t, keys)
+		require.NoError(t, db.Exec("DELETE FROM operators").Error)
+		_, err = accounts.Bootstrap(bg, "short", "")
+		require.ErrorIs(t, err, ErrInvalidRequest)
+		ops, _ = count()
+		require.Zero(t, ops)
+	})
 }

@@ -1,7 +1,6 @@
 package services
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
@@ -244,7 +244,7 @@ func TestListenBehindTransactionPoolerIsLogged(t *testing.T) {
 			{"pgbouncer", bouncer.Through(t, dbs.PostgresURL), false},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				var logged syncBuffer
+				var logged testkit.Log
 				aw := NewAwaiter(b.db, AwaiterConfig{ListenURL: tc.url, Log: slog.New(slog.NewTextHandler(&logged, nil))})
 				ctx, cancel := context.WithCancel(bg)
 				done := make(chan struct{})
@@ -262,22 +262,4 @@ func TestListenBehindTransactionPoolerIsLogged(t *testing.T) {
 			})
 		}
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing and a test reading at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }

@@ -2,6 +2,7 @@ package services
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +31,7 @@ func TestListKeysByStateAndPrefix(t *testing.T) {
 			return acq
 		}
 		mustAcquire(t, b, "kl:readmitted", 1) // its hold expires: generation 1 goes uncertain
-		waitExpiry()
+		b.elapse(t, time.Second)
 		again := mustAcquire(t, b, "kl:readmitted", 60) // generation 2, in progress
 		require.EqualValues(t, 2, again.FencingToken)
 		uncertain("kl:uncertain")

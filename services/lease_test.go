@@ -146,48 +146,46 @@ func TestLeaseExpiredOnDuplicate(t *testing.T) {
 	})
 }
 
-// TestRenewHeartbeatKeepsKey: a holder renewing a 1 s lease keeps its key well past its first
+// TestRenewHeartbeatKeepsKey: a holder renewing a 3 s lease keeps its key well past its first
 // lease; once it stalls, the lease lapses, its late renew is refused with lease_expired and
 // changes nothing, and its late outcome still lands on its own operation (uncertain ->
-// succeeded is reconciliation, docs/reference.md §3).
-// heartbeatLease is TestRenewHeartbeatKeepsKey's lease in seconds: each heartbeat round (a
-// renew, a reaper pass, a duplicate, a 300 ms pause) must fit in it even under -race on a
-// loaded 2-core machine; 1 s did not, twice.
+// succeeded is reconciliation, docs/reference.md §3). Time passes a second per heartbeat by
+// b.elapse, so no heartbeat can come late on a loaded machine (with wall-clock pauses a 1 s
+// lease did not fit a round under -race, twice).
 const heartbeatLease = 3
 
 func TestRenewHeartbeatKeepsKey(t *testing.T) {
 	// Not parallel: its reaper passes would clear other tests' expired holds, which some
 	// of them look at before clearing them themselves.
 	eachDB(t, func(t *testing.T, b *testBundle) {
-		acq := acquireLease(t, b, "lease/heartbeat", 60, heartbeatLease, OnExpiryReadmit)
-		first := acq.LeaseExpiresAt
+		const key = "lease/heartbeat"
+		acq := acquireLease(t, b, key, 60, heartbeatLease, OnExpiryReadmit)
 		renew := func() (*Renewal, error) {
 			return b.adm.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: heartbeatLease})
 		}
-		// Heartbeat until the lease end is 2 first leases past the first one, with reaper passes
-		// and duplicates in between: the operation stays in_progress and held all along.
-		var last *Renewal
-		for last == nil || last.LeaseExpiresAt.Before(first.Add(2*heartbeatLease*time.Second)) {
+		// Heartbeat a second apart until two first leases have passed, with reaper passes and
+		// duplicates in between: the operation stays in_progress and held all along.
+		var elapsed time.Duration
+		for ; elapsed < 2*heartbeatLease*time.Second; elapsed += time.Second {
 			r, err := renew()
 			require.NoError(t, err)
 			require.Equal(t, acq.FencingToken, r.FencingToken)
-			require.Equal(t, acq.ExpiresAt, r.ExpiresAt, "the protection window does not move")
-			last = r
+			require.True(t, acq.ExpiresAt.Add(-elapsed).Equal(r.ExpiresAt),
+				"the protection window does not move: %v, want %v", r.ExpiresAt, acq.ExpiresAt.Add(-elapsed))
 			_, err = b.reaper.RunOnce(bg)
 			require.NoError(t, err)
-			dup, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "lease/heartbeat", TTLSeconds: 60})
+			dup, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: key, TTLSeconds: 60})
 			require.NoError(t, err)
 			require.False(t, dup.Admitted)
 			require.Equal(t, StateInProgress, dup.Operation.State)
-			time.Sleep(300 * time.Millisecond)
+			b.elapse(t, time.Second, key)
 		}
-		// The holder stalls: within a lease the duplicate finds it lapsed.
-		require.Eventually(t, func() bool {
-			_, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "lease/heartbeat", TTLSeconds: 60})
-			return isCode(err, CodeOutcomeUncertain)
-		}, 10*time.Second, 50*time.Millisecond)
+		// The holder stalls: once a lease passes, the duplicate finds it lapsed.
+		b.elapse(t, heartbeatLease*time.Second, key)
+		_, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: key, TTLSeconds: 60})
+		require.True(t, isCode(err, CodeOutcomeUncertain), "want outcome_uncertain, got %v", err)
 		before := snapshot(t, b, acq.OperationID)
-		_, err := renew()
+		_, err = renew()
 		require.ErrorIs(t, err, ErrLeaseExpired)
 		require.Equal(t, before.Op, snapshot(t, b, acq.OperationID).Op, "a late renew changes nothing")
 

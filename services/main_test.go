@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
@@ -37,6 +38,14 @@ func eachDB(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 	onDBs(t, dbs.All(), fn)
 }
 
+// elapse lets d pass for b's tenant, for keys or (none named) all its keys, without waiting:
+// its holds, TTLs and leases end d sooner (modeltest.Elapse). A hold acquired with a TTL of
+// 1 s has expired after b.elapse(t, time.Second).
+func (b *testBundle) elapse(t testing.TB, d time.Duration, keys ...string) {
+	t.Helper()
+	modeltest.Elapse(t, b.db, b.p.TenantID, d, keys...)
+}
+
 // onPostgres runs fn as a subtest on PostgreSQL only, for behaviour SQLite has no counterpart
 // of (row locks, group admission). It fails if the set has no PostgreSQL database.
 func onPostgres(t *testing.T, fn func(t *testing.T, b *testBundle)) {
@@ -55,18 +64,16 @@ func onPostgres(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 
 func onDBs(t *testing.T, set []*models.DB, fn func(t *testing.T, b *testBundle)) {
 	t.Helper()
-	for _, db := range set {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			log := slog.New(slog.NewTextHandler(io.Discard, nil))
-			auth := NewAuth(db, log)
-			b := &testBundle{
-				db: db, adm: NewAdmission(db, log, 0), reads: NewReads(db), recon: NewReconciliation(db),
-				dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: auth,
-				accounts: NewAccounts(db, log, auth), p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
-			}
-			fn(t, b)
-		})
-	}
+	modeltest.Each(t, set, func(t *testing.T, db *models.DB) {
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		auth := NewAuth(db, log)
+		b := &testBundle{
+			db: db, adm: NewAdmission(db, log, 0), reads: NewReads(db), recon: NewReconciliation(db),
+			dash: NewDashboard(db), audit: NewAudit(db), reaper: NewReaper(db, log, 0), auth: auth,
+			accounts: NewAccounts(db, log, auth), p: Principal{TenantID: modeltest.Tenant(t, db), Prefix: "idg_testtest"},
+		}
+		fn(t, b)
+	})
 }
 
 // isCode reports whether err is a domain error with code.

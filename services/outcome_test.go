@@ -57,7 +57,7 @@ func TestOutcomeAfterHoldExpired(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		succ := mustAcquire(t, b, "expired-succ", 1)
 		fail := mustAcquire(t, b, "expired-fail-release", 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 
 		op := mustRecord(t, b, succ, OutcomeInput{Status: StateSucceeded, Receipt: ptr("late-rcpt")})
 		require.Equal(t, StateSucceeded, op.State)
@@ -268,7 +268,7 @@ func TestOutcomeReleaseAfterTakeoverReleasesNothing(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		old := mustAcquire(t, b, "takeover-release", 1)
-		time.Sleep(1100 * time.Millisecond)
+		b.elapse(t, time.Second)
 		cur := mustAcquire(t, b, "takeover-release", 60)
 		op := mustRecord(t, b, old, OutcomeInput{Status: StateFailed, Release: true})
 		require.Equal(t, StateFailed, op.State)

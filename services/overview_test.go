@@ -23,7 +23,7 @@ func TestOverviewCountsAndHours(t *testing.T) {
 		_, err = release(b, mustAcquire(t, b, "rel", 60))
 		require.NoError(t, err)
 		mustAcquire(t, b, "late", 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 		mustAcquire(t, b, "late", 60)
 		_ = prog
 

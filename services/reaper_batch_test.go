@@ -34,7 +34,7 @@ func TestReaperBatchesBesideBatchTakeovers(t *testing.T) {
 			require.True(t, it.Acquisition.Admitted)
 			first[items[i].Key] = it.Acquisition.OperationID
 		}
-		waitExpiry()
+		b.elapse(t, time.Second)
 
 		before := deadlocks.Load()
 		var wg sync.WaitGroup

@@ -57,7 +57,7 @@ func TestReaperExpiresHolds(t *testing.T) {
 		released := mustAcquire(t, b, "reap-released", 1)
 		_, err := release(b, released)
 		require.NoError(t, err)
-		waitExpiry()
+		b.elapse(t, time.Second)
 
 		before := map[string]opState{}
 		for _, a := range []*Acquisition{succeeded, failed, uncertain, live, released} {
@@ -125,7 +125,7 @@ func TestReaperCompareOnOwner(t *testing.T) {
 		drain(t, b)
 		old := mustAcquire(t, b, "reap-race", 1)
 		recorded := mustAcquire(t, b, "reap-outcome-race", 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 
 		r := NewReaper(b.db, slog.New(slog.NewTextHandler(io.Discard, nil)), 0)
 		var fresh *Acquisition

@@ -22,7 +22,7 @@ func TestAttemptIDRetryKeepsPreviousOperation(t *testing.T) {
 		bs := mustAcquire(t, b, "rp:batch-succeeded", 1)
 		mustRecord(t, b, bs, OutcomeInput{Status: StateSucceeded, Receipt: ptr("rcpt-b")})
 		bu := mustAcquire(t, b, "rp:batch-uncertain", 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 
 		for _, c := range []struct {
 			key  string

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -155,7 +156,7 @@ func TestOutcomeFromExpiredUncertain(t *testing.T) {
 		for _, n := range names {
 			old[n] = mustAcquire(t, b, "exp-"+n, 1)
 		}
-		waitExpiry()
+		b.elapse(t, time.Second)
 		for _, n := range names {
 			next := mustAcquire(t, b, "exp-"+n, 60)
 			require.EqualValues(t, 2, next.FencingToken)

@@ -267,9 +267,7 @@ func paddedBatch(prefix string, n, itemBytes int) string {
 // TestAcquireBatchLimits: 500 items are decided, 501 refused; the batch's body limit is 2 MiB,
 // above the single endpoint's 256 KiB, which stays as it is.
 func TestAcquireBatchLimits(t *testing.T) {
-	for _, db := range []*models.DB{dbs.Postgres, dbs.SQLite} {
-		t.Run(string(db.Dialect), func(t *testing.T) { testAcquireBatchLimits(t, db) })
-	}
+	dbs.Each(t, func(t *testing.T, db *models.DB) { testAcquireBatchLimits(t, db) })
 }
 
 func testAcquireBatchLimits(t *testing.T, db *models.DB) {

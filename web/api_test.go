@@ -102,9 +102,7 @@ func fieldNames(res apiResult) []string {
 }
 
 func eachServer(t *testing.T, fn func(t *testing.T, s *Server)) {
-	for _, db := range []*models.DB{dbs.Postgres, dbs.SQLite} {
-		t.Run(string(db.Dialect), func(t *testing.T) { fn(t, newTestServer(t, db)) })
-	}
+	dbs.Each(t, func(t *testing.T, db *models.DB) { fn(t, newTestServer(t, db)) })
 }
 
 func acquire(c *apiClient, key string, extra map[string]any) apiResult {
@@ -147,17 +145,15 @@ func TestAPIAcquireStatusCodes(t *testing.T) {
 // of services.NewAdmission could configure), ttl_seconds 2^31 is 400 invalid_request on both
 // dialects (it was 500 on PostgreSQL and 201 on SQLite) and 2^31-1 is admitted on both.
 func TestAPIAcquireTTLCeiling(t *testing.T) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			log := slog.New(slog.DiscardHandler)
-			cfg := testConfig(t, db, log)
-			cfg.Admission = services.NewAdmission(db, log, 100*24*365*time.Hour)
-			c := newTenantClient(t, New(cfg))
-			res := problemOf(t, c.do("POST", "/v1/acquire", `{"key":"ttl-2-31","ttl_seconds":2147483648}`), 400, "invalid_request")
-			require.Equal(t, []string{"ttl_seconds"}, fieldNames(res))
-			require.Equal(t, 201, c.do("POST", "/v1/acquire", `{"key":"ttl-2-31","ttl_seconds":2147483647}`).status)
-		})
-	}
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		log := slog.New(slog.DiscardHandler)
+		cfg := testConfig(t, db, log)
+		cfg.Admission = services.NewAdmission(db, log, 100*24*365*time.Hour)
+		c := newTenantClient(t, New(cfg))
+		res := problemOf(t, c.do("POST", "/v1/acquire", `{"key":"ttl-2-31","ttl_seconds":2147483648}`), 400, "invalid_request")
+		require.Equal(t, []string{"ttl_seconds"}, fieldNames(res))
+		require.Equal(t, 201, c.do("POST", "/v1/acquire", `{"key":"ttl-2-31","ttl_seconds":2147483647}`).status)
+	})
 }
 
 func TestAPIValidation(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
@@ -48,150 +49,146 @@ func formAction(t *testing.T, row *goquery.Selection, id string) string {
 
 func TestDashboardAdminAPIKeys(t *testing.T) {
 	t.Parallel()
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s, other := newTestServer(t, db), newTestServer(t, db) // two instances, one database
-			admin := dashOperator(t, db, services.RoleAdmin, nil)
-			b := newDashBrowser(t, s)
-			b.mustLogin(admin)
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s, other := newTestServer(t, db), newTestServer(t, db) // two instances, one database
+		admin := dashOperator(t, db, services.RoleAdmin, nil)
+		b := newDashBrowser(t, s)
+		b.mustLogin(admin)
 
-			page := b.get("/admin")
-			require.Equal(t, http.StatusOK, page.status, page.body)
-			requirePageHeaders(t, page)
-			require.Equal(t, "page", page.testid("nav-admin").AttrOr("aria-current", ""))
-			require.Equal(t, 1, page.testid("admin-apikeys").Length())
-			require.Equal(t, 0, page.testid("new-secret").Length())
+		page := b.get("/admin")
+		require.Equal(t, http.StatusOK, page.status, page.body)
+		requirePageHeaders(t, page)
+		require.Equal(t, "page", page.testid("nav-admin").AttrOr("aria-current", ""))
+		require.Equal(t, 1, page.testid("admin-apikeys").Length())
+		require.Equal(t, 0, page.testid("new-secret").Length())
 
-			tenant, label := "adm-"+dashRandom(), `worker <b>1</b>`
-			res := b.post("/admin/api-keys", url.Values{"tenant": {tenant}, "label": {label}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusOK, res.status, res.body)
-			requirePageHeaders(t, res) // no-store: the secret is in this answer only
-			secret := opSelText(res.testid("new-secret"))
-			require.Empty(t, services.ValidateAPIKeySecret(secret))
-			require.Contains(t, res.body, "it is not shown again")
-			require.NotContains(t, res.header.Get("Location"), secret)
-			for _, c := range res.setCookies {
-				require.NotContains(t, c.Value, secret)
-			}
+		tenant, label := "adm-"+dashRandom(), `worker <b>1</b>`
+		res := b.post("/admin/api-keys", url.Values{"tenant": {tenant}, "label": {label}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusOK, res.status, res.body)
+		requirePageHeaders(t, res) // no-store: the secret is in this answer only
+		secret := opSelText(res.testid("new-secret"))
+		require.Empty(t, services.ValidateAPIKeySecret(secret))
+		require.Contains(t, res.body, "it is not shown again")
+		require.NotContains(t, res.header.Get("Location"), secret)
+		for _, c := range res.setCookies {
+			require.NotContains(t, c.Value, secret)
+		}
 
-			// The secret works on both instances; each caches it.
-			c1, c2 := &apiClient{t: t, s: s, key: secret}, &apiClient{t: t, s: other, key: secret}
-			require.Equal(t, http.StatusCreated, acquire(c1, "admin-k1", nil).status)
-			require.Equal(t, http.StatusCreated, acquire(c2, "admin-k2", nil).status)
+		// The secret works on both instances; each caches it.
+		c1, c2 := &apiClient{t: t, s: s, key: secret}, &apiClient{t: t, s: other, key: secret}
+		require.Equal(t, http.StatusCreated, acquire(c1, "admin-k1", nil).status)
+		require.Equal(t, http.StatusCreated, acquire(c2, "admin-k2", nil).status)
 
-			// The listing shows prefix, tenant and label, and never the secret again.
-			page = b.get("/admin")
-			require.NotContains(t, page.body, secret)
-			require.NotContains(t, page.body, "<b>1</b>")
-			row := adminKeyRow(page, tenant)
-			require.NotNil(t, row, "no row for %s", tenant)
-			require.Equal(t, secret[:12]+"…", opSelText(row.Find(`[data-testid="apikey-prefix"]`)))
-			require.Equal(t, label, opSelText(row.Find(`[data-testid="apikey-label"]`)))
-			require.NotEmpty(t, opSelText(row.Find(`[data-testid="apikey-created"]`)))
-			require.Equal(t, "Active", opSelText(row.Find(`[data-testid="apikey-status"]`)))
-			action := formAction(t, row, "apikey-revoke")
+		// The listing shows prefix, tenant and label, and never the secret again.
+		page = b.get("/admin")
+		require.NotContains(t, page.body, secret)
+		require.NotContains(t, page.body, "<b>1</b>")
+		row := adminKeyRow(page, tenant)
+		require.NotNil(t, row, "no row for %s", tenant)
+		require.Equal(t, secret[:12]+"…", opSelText(row.Find(`[data-testid="apikey-prefix"]`)))
+		require.Equal(t, label, opSelText(row.Find(`[data-testid="apikey-label"]`)))
+		require.NotEmpty(t, opSelText(row.Find(`[data-testid="apikey-created"]`)))
+		require.Equal(t, "Active", opSelText(row.Find(`[data-testid="apikey-status"]`)))
+		action := formAction(t, row, "apikey-revoke")
 
-			// Without the confirmation nothing happens.
-			res = b.post(action, url.Values{"_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			require.Contains(t, opSelText(res.testid("action-error")), "tick the confirmation box")
-			require.Equal(t, http.StatusOK, acquire(c1, "admin-k1", nil).status, "still accepted (a duplicate)")
+		// Without the confirmation nothing happens.
+		res = b.post(action, url.Values{"_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		require.Contains(t, opSelText(res.testid("action-error")), "tick the confirmation box")
+		require.Equal(t, http.StatusOK, acquire(c1, "admin-k1", nil).status, "still accepted (a duplicate)")
 
-			res = b.post(action, url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusSeeOther, res.status, res.body)
-			require.Equal(t, "/admin?done=revoked", res.header.Get("Location"))
-			revoked := time.Now()
-			require.Equal(t, http.StatusUnauthorized, acquire(c1, "admin-k3", nil).status, "refused at once where revoked")
-			// The other instance refuses it within its cache bound.
-			for acquire(c2, "admin-k4", nil).status != http.StatusUnauthorized {
-				require.Less(t, time.Since(revoked), services.CacheTTL+500*time.Millisecond, "revoked key still accepted")
-				time.Sleep(20 * time.Millisecond)
-			}
+		res = b.post(action, url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusSeeOther, res.status, res.body)
+		require.Equal(t, "/admin?done=revoked", res.header.Get("Location"))
+		revoked := time.Now()
+		require.Equal(t, http.StatusUnauthorized, acquire(c1, "admin-k3", nil).status, "refused at once where revoked")
+		// The other instance refuses it within its cache bound.
+		for acquire(c2, "admin-k4", nil).status != http.StatusUnauthorized {
+			require.Less(t, time.Since(revoked), services.CacheTTL+500*time.Millisecond, "revoked key still accepted")
+			time.Sleep(20 * time.Millisecond)
+		}
 
-			page = b.get(res.header.Get("Location"))
-			require.Contains(t, opSelText(page.testid("flash")), "API key revoked.")
-			row = adminKeyRow(page, tenant)
-			require.True(t, strings.HasPrefix(opSelText(row.Find(`[data-testid="apikey-status"]`)), "Revoked"))
-			require.Equal(t, 0, row.Find(`[data-testid="apikey-revoke"]`).Length())
-			require.NotEmpty(t, opSelText(row.Find(`[data-testid="apikey-last-used"] time`)), "last used is recorded")
+		page = b.get(res.header.Get("Location"))
+		require.Contains(t, opSelText(page.testid("flash")), "API key revoked.")
+		row = adminKeyRow(page, tenant)
+		require.True(t, strings.HasPrefix(opSelText(row.Find(`[data-testid="apikey-status"]`)), "Revoked"))
+		require.Equal(t, 0, row.Find(`[data-testid="apikey-revoke"]`).Length())
+		require.NotEmpty(t, opSelText(row.Find(`[data-testid="apikey-last-used"] time`)), "last used is recorded")
 
-			// Revoking again is a 404 with the page, and a bad tenant name is refused.
-			res = b.post(action, url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusNotFound, res.status)
-			require.Contains(t, opSelText(res.testid("action-error")), "Not revoked")
-			res = b.post("/admin/api-keys", url.Values{"tenant": {"no spaces allowed"}, "label": {"x"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			require.Contains(t, opSelText(res.testid("action-error")), "Tenant")
-			require.Equal(t, 0, res.testid("new-secret").Length())
-		})
-	}
+		// Revoking again is a 404 with the page, and a bad tenant name is refused.
+		res = b.post(action, url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusNotFound, res.status)
+		require.Contains(t, opSelText(res.testid("action-error")), "Not revoked")
+		res = b.post("/admin/api-keys", url.Values{"tenant": {"no spaces allowed"}, "label": {"x"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		require.Contains(t, opSelText(res.testid("action-error")), "Tenant")
+		require.Equal(t, 0, res.testid("new-secret").Length())
+	})
 }
 
 func TestDashboardAdminOperators(t *testing.T) {
 	t.Parallel()
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s := newTestServer(t, db)
-			admin := dashOperator(t, db, services.RoleAdmin, nil)
-			b := newDashBrowser(t, s)
-			b.mustLogin(admin)
-			page := b.get("/admin")
-			require.Equal(t, 1, page.testid("admin-operators").Length())
-			require.Equal(t, 1, page.testid("operator-create").Length())
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s := newTestServer(t, db)
+		admin := dashOperator(t, db, services.RoleAdmin, nil)
+		b := newDashBrowser(t, s)
+		b.mustLogin(admin)
+		page := b.get("/admin")
+		require.Equal(t, 1, page.testid("admin-operators").Length())
+		require.Equal(t, 1, page.testid("operator-create").Length())
 
-			name, password := "adm-op-"+dashRandom(), "a-long-password-1"
-			res := b.post("/admin/operators", url.Values{"username": {name}, "role": {"operator"}, "password": {"shortpw1"},
-				"_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			require.Contains(t, opSelText(res.testid("action-error")), "Password")
-			require.Equal(t, name, res.doc.Find(`#o-username`).AttrOr("value", ""), "typed values are kept")
-			require.NotContains(t, res.body, "shortpw1", "never the password")
+		name, password := "adm-op-"+dashRandom(), "a-long-password-1"
+		res := b.post("/admin/operators", url.Values{"username": {name}, "role": {"operator"}, "password": {"shortpw1"},
+			"_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		require.Contains(t, opSelText(res.testid("action-error")), "Password")
+		require.Equal(t, name, res.doc.Find(`#o-username`).AttrOr("value", ""), "typed values are kept")
+		require.NotContains(t, res.body, "shortpw1", "never the password")
 
-			res = b.post("/admin/operators", url.Values{"username": {name}, "role": {"operator"}, "tenant": {""},
-				"password": {password}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusSeeOther, res.status, res.body)
-			page = b.get(res.header.Get("Location"))
-			require.Equal(t, "Operator account created.", opSelText(page.testid("flash")))
-			row := adminOperatorRow(page, name)
-			require.NotNil(t, row)
-			require.Equal(t, "operator", row.Find(`[data-testid="operator-role"] option[selected]`).AttrOr("value", ""))
-			require.Equal(t, "all tenants", opSelText(row.Find(`[data-testid="operator-tenant"]`)))
+		res = b.post("/admin/operators", url.Values{"username": {name}, "role": {"operator"}, "tenant": {""},
+			"password": {password}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusSeeOther, res.status, res.body)
+		page = b.get(res.header.Get("Location"))
+		require.Equal(t, "Operator account created.", opSelText(page.testid("flash")))
+		row := adminOperatorRow(page, name)
+		require.NotNil(t, row)
+		require.Equal(t, "operator", row.Find(`[data-testid="operator-role"] option[selected]`).AttrOr("value", ""))
+		require.Equal(t, "all tenants", opSelText(row.Find(`[data-testid="operator-tenant"]`)))
 
-			// The new account signs in; it is no admin.
-			other := newDashBrowser(t, s)
-			other.mustLogin2(name, password)
-			keys := other.get("/keys")
-			require.Equal(t, http.StatusOK, keys.status)
-			require.Equal(t, 0, keys.testid("nav-admin").Length())
-			require.Equal(t, http.StatusForbidden, other.get("/admin").status)
+		// The new account signs in; it is no admin.
+		other := newDashBrowser(t, s)
+		other.mustLogin2(name, password)
+		keys := other.get("/keys")
+		require.Equal(t, http.StatusOK, keys.status)
+		require.Equal(t, 0, keys.testid("nav-admin").Length())
+		require.Equal(t, http.StatusForbidden, other.get("/admin").status)
 
-			// Made an admin, it may administer at its next request.
-			res = b.post(formAction(t, row, "operator-save"), url.Values{"role": {"admin"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusSeeOther, res.status, res.body)
-			require.Equal(t, "/admin?done=role", res.header.Get("Location"))
-			require.Equal(t, http.StatusOK, other.get("/admin").status)
-			page = b.get("/admin")
-			row = adminOperatorRow(page, name)
-			require.Equal(t, "admin", row.Find(`[data-testid="operator-role"] option[selected]`).AttrOr("value", ""))
+		// Made an admin, it may administer at its next request.
+		res = b.post(formAction(t, row, "operator-save"), url.Values{"role": {"admin"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusSeeOther, res.status, res.body)
+		require.Equal(t, "/admin?done=role", res.header.Get("Location"))
+		require.Equal(t, http.StatusOK, other.get("/admin").status)
+		page = b.get("/admin")
+		row = adminOperatorRow(page, name)
+		require.Equal(t, "admin", row.Find(`[data-testid="operator-role"] option[selected]`).AttrOr("value", ""))
 
-			res = b.post(formAction(t, row, "operator-save"), url.Values{"role": {"root"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			require.Contains(t, opSelText(res.testid("action-error")), "Role")
+		res = b.post(formAction(t, row, "operator-save"), url.Values{"role": {"root"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		require.Contains(t, opSelText(res.testid("action-error")), "Role")
 
-			// Delete: confirmation required; then its session ends at its next request.
-			res = b.post(formAction(t, row, "operator-delete"), url.Values{"_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			require.Equal(t, http.StatusOK, other.get("/keys").status)
-			res = b.post(formAction(t, row, "operator-delete"), url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusSeeOther, res.status, res.body)
-			page = b.get(res.header.Get("Location"))
-			require.Contains(t, opSelText(page.testid("flash")), "deleted")
-			require.Nil(t, adminOperatorRow(page, name))
-			gone := other.get("/keys")
-			require.Equal(t, http.StatusSeeOther, gone.status)
-			require.True(t, strings.HasPrefix(gone.header.Get("Location"), "/login"))
-		})
-	}
+		// Delete: confirmation required; then its session ends at its next request.
+		res = b.post(formAction(t, row, "operator-delete"), url.Values{"_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		require.Equal(t, http.StatusOK, other.get("/keys").status)
+		res = b.post(formAction(t, row, "operator-delete"), url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusSeeOther, res.status, res.body)
+		page = b.get(res.header.Get("Location"))
+		require.Contains(t, opSelText(page.testid("flash")), "deleted")
+		require.Nil(t, adminOperatorRow(page, name))
+		gone := other.get("/keys")
+		require.Equal(t, http.StatusSeeOther, gone.status)
+		require.True(t, strings.HasPrefix(gone.header.Get("Location"), "/login"))
+	})
 }
 
 // mustLogin2 signs in with password and asserts it worked.
@@ -203,29 +200,27 @@ func (b *dashBrowser) mustLogin2(username, password string) {
 
 func TestDashboardAdminKeepsLastAdmin(t *testing.T) {
 	t.Parallel()
-	for _, db := range isolatedDBs(t) { // the last-admin rule counts every account
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s := newTestServer(t, db)
-			root := dashOperator(t, db, services.RoleAdmin, nil)
-			b := newDashBrowser(t, s)
-			b.mustLogin(root)
-			page := b.get("/admin")
-			row := adminOperatorRow(page, root)
-			require.NotNil(t, row)
-			require.Contains(t, opSelText(row.Find(`[data-testid="operator-username"]`)), "(you)")
+	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) { // the last-admin rule counts every account
+		s := newTestServer(t, db)
+		root := dashOperator(t, db, services.RoleAdmin, nil)
+		b := newDashBrowser(t, s)
+		b.mustLogin(root)
+		page := b.get("/admin")
+		row := adminOperatorRow(page, root)
+		require.NotNil(t, row)
+		require.Contains(t, opSelText(row.Find(`[data-testid="operator-username"]`)), "(you)")
 
-			res := b.post(formAction(t, row, "operator-save"), url.Values{"role": {"auditor"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status, res.body)
-			require.Contains(t, opSelText(res.testid("action-error")), "last global admin")
-			res = b.post(formAction(t, row, "operator-delete"), url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status, res.body)
-			require.Contains(t, opSelText(res.testid("action-error")), "last global admin")
+		res := b.post(formAction(t, row, "operator-save"), url.Values{"role": {"auditor"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status, res.body)
+		require.Contains(t, opSelText(res.testid("action-error")), "last global admin")
+		res = b.post(formAction(t, row, "operator-delete"), url.Values{"confirm": {"yes"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status, res.body)
+		require.Contains(t, opSelText(res.testid("action-error")), "last global admin")
 
-			page = b.get("/admin")
-			require.Equal(t, http.StatusOK, page.status, "still an admin")
-			require.Equal(t, "admin", adminOperatorRow(page, root).Find(`[data-testid="operator-role"] option[selected]`).AttrOr("value", ""))
-		})
-	}
+		page = b.get("/admin")
+		require.Equal(t, http.StatusOK, page.status, "still an admin")
+		require.Equal(t, "admin", adminOperatorRow(page, root).Find(`[data-testid="operator-role"] option[selected]`).AttrOr("value", ""))
+	})
 }
 
 func TestDashboardAdminForbidden(t *testing.T) {
@@ -309,37 +304,35 @@ func TestDashboardAdminRequiresCSRF(t *testing.T) {
 // new tenant's name that differs from an existing one only by letter case is refused, naming
 // the existing tenant, and nothing is created; choosing it from the list works.
 func TestDashboardAdminTenantChoice(t *testing.T) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s := newTestServer(t, db)
-			b := newDashBrowser(t, s)
-			b.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
-			shop := "shop-" + dashRandom()
-			page := b.get("/admin")
-			res := b.post("/admin/api-keys", url.Values{"new_tenant": {shop}, "label": {"first"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusOK, res.status, res.body)
-			require.Equal(t, 1, res.testid("new-secret").Length())
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s := newTestServer(t, db)
+		b := newDashBrowser(t, s)
+		b.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
+		shop := "shop-" + dashRandom()
+		page := b.get("/admin")
+		res := b.post("/admin/api-keys", url.Values{"new_tenant": {shop}, "label": {"first"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusOK, res.status, res.body)
+		require.Equal(t, 1, res.testid("new-secret").Length())
 
-			page = b.get("/admin")
-			require.Equal(t, 1, page.testid("apikey-tenant-select").Find(`option[value="`+shop+`"]`).Length(), "the tenant is offered")
-			typo := strings.ToUpper(shop[:1]) + shop[1:]
-			res = b.post("/admin/api-keys", url.Values{"tenant": {""}, "new_tenant": {typo + " "}, "label": {"typo"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			msg := opSelText(res.testid("action-error"))
-			require.Contains(t, msg, "only by letter case")
-			require.Contains(t, msg, shop)
-			require.Equal(t, 0, res.testid("new-secret").Length())
-			var n int64
-			require.NoError(t, db.Model(&models.Tenant{}).Where("name = ?", typo).Count(&n).Error)
-			require.Zero(t, n, "no tenant from the typo")
+		page = b.get("/admin")
+		require.Equal(t, 1, page.testid("apikey-tenant-select").Find(`option[value="`+shop+`"]`).Length(), "the tenant is offered")
+		typo := strings.ToUpper(shop[:1]) + shop[1:]
+		res = b.post("/admin/api-keys", url.Values{"tenant": {""}, "new_tenant": {typo + " "}, "label": {"typo"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		msg := opSelText(res.testid("action-error"))
+		require.Contains(t, msg, "only by letter case")
+		require.Contains(t, msg, shop)
+		require.Equal(t, 0, res.testid("new-secret").Length())
+		var n int64
+		require.NoError(t, db.Model(&models.Tenant{}).Where("name = ?", typo).Count(&n).Error)
+		require.Zero(t, n, "no tenant from the typo")
 
-			res = b.post("/admin/api-keys", url.Values{"tenant": {""}, "new_tenant": {""}, "label": {"x"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusBadRequest, res.status)
-			require.Contains(t, opSelText(res.testid("action-error")), "choose a tenant")
+		res = b.post("/admin/api-keys", url.Values{"tenant": {""}, "new_tenant": {""}, "label": {"x"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusBadRequest, res.status)
+		require.Contains(t, opSelText(res.testid("action-error")), "choose a tenant")
 
-			res = b.post("/admin/api-keys", url.Values{"tenant": {shop}, "label": {"second"}, "_csrf": {page.csrf(t)}})
-			require.Equal(t, http.StatusOK, res.status, res.body)
-			require.Equal(t, 1, res.testid("new-secret").Length())
-		})
-	}
+		res = b.post("/admin/api-keys", url.Values{"tenant": {shop}, "label": {"second"}, "_csrf": {page.csrf(t)}})
+		require.Equal(t, http.StatusOK, res.status, res.body)
+		require.Equal(t, 1, res.testid("new-secret").Length())
+	})
 }

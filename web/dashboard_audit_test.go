@@ -48,7 +48,7 @@ func (f *dashFixture) auditWorld(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.s.adm.RecordOutcome(ctx, f.pA, first.OperationID, services.OutcomeInput{OwnerToken: first.OwnerToken, Status: "succeeded"})
 	require.NoError(t, err)
-	time.Sleep(1100 * time.Millisecond)
+	elapse(t, f.db, f.pA, time.Second, "again")
 	require.True(t, f.acquire(t, f.pA, "again").Admitted)
 	require.False(t, f.acquire(t, f.pA, "again").Admitted)
 
@@ -206,7 +206,7 @@ func TestDashboardAuditPossibleDuplicateEffect(t *testing.T) {
 		_, err = f.s.adm.RecordOutcome(ctx, f.pA, clean1.OperationID, services.OutcomeInput{OwnerToken: clean1.OwnerToken,
 			Status: "failed", Release: true})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond)
+		elapse(t, f.db, f.pA, time.Second, "resold", "lost", "clean")
 		resold2 := f.opAcquire(t, f.pA, "resold", 300, "")
 		lost2 := f.opAcquire(t, f.pA, "lost", 300, "")
 		clean2 := f.opAcquire(t, f.pA, "clean", 300, "")
@@ -275,7 +275,7 @@ func TestDashboardAuditFlaggedAndSort(t *testing.T) {
 		_, err := f.s.adm.RecordOutcome(ctx, f.pA, resold1.OperationID, services.OutcomeInput{OwnerToken: resold1.OwnerToken,
 			Status: "succeeded"})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond)
+		elapse(t, f.db, f.pA, time.Second, "resold")
 		f.opAcquire(t, f.pA, "resold", 300, "")
 		f.acquire(t, f.pA, "few")
 		f.acquire(t, f.pA, "few")

@@ -219,7 +219,7 @@ func TestDashboardOperationStaleRelease(t *testing.T) {
 			"reason":        {"worker looks stuck"}, "confirm": {"yes"}, "_csrf": {page.csrf(t)},
 		}
 
-		time.Sleep(1100 * time.Millisecond)
+		elapse(t, f.db, f.pA, time.Second, "race-key")
 		bAcq := f.opAcquire(t, f.pA, "race-key", 300, "attempt-b")
 		require.EqualValues(t, 2, bAcq.FencingToken)
 

@@ -22,7 +22,7 @@ func (f *dashFixture) overviewExpireAndReacquire(t *testing.T, p services.Princi
 		_, err := f.s.adm.Acquire(ctx, p, services.AcquireInput{Key: k, TTLSeconds: 1, Operation: &f.op})
 		require.NoError(t, err)
 	}
-	time.Sleep(1100 * time.Millisecond)
+	elapse(t, f.db, p, time.Second, keys...)
 	for _, k := range keys {
 		a := f.acquire(t, p, k)
 		require.True(t, a.Admitted)

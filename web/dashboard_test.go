@@ -162,17 +162,15 @@ func dashRandom() string {
 
 // dashEachDB runs fn on PostgreSQL and on SQLite.
 func dashEachDB(t *testing.T, fn func(t *testing.T, f *dashFixture)) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s := newTestServer(t, db)
-			f := &dashFixture{s: s, db: db, op: "dash-" + dashRandom()}
-			f.tenantA, f.pA = dashTenant(t, s)
-			f.tenantB, f.pB = dashTenant(t, s)
-			f.global = dashOperator(t, db, services.RoleAuditor, nil)
-			f.restricted = dashOperator(t, db, services.RoleOperator, &f.pA.TenantID)
-			fn(t, f)
-		})
-	}
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s := newTestServer(t, db)
+		f := &dashFixture{s: s, db: db, op: "dash-" + dashRandom()}
+		f.tenantA, f.pA = dashTenant(t, s)
+		f.tenantB, f.pB = dashTenant(t, s)
+		f.global = dashOperator(t, db, services.RoleAuditor, nil)
+		f.restricted = dashOperator(t, db, services.RoleOperator, &f.pA.TenantID)
+		fn(t, f)
+	})
 }
 
 // dashTenant creates a tenant with an API key and returns its name and principal.

@@ -72,7 +72,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		require.ErrorIs(t, err, services.ErrFingerprintMismatch)
 		late, err := f.s.adm.Acquire(ctx, f.pB, services.AcquireInput{Key: w.marker + "late", TTLSeconds: 1, Operation: &f.op})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond)
+		elapse(t, f.db, f.pB, time.Second, w.marker+"late")
 		require.True(t, f.acquire(t, f.pB, w.marker+"late").Admitted)
 		w.uncertain = late.OperationID
 		require.Equal(t, services.StateUncertain, f.opDetail(t, f.pB, w.uncertain).State)

@@ -129,110 +129,108 @@ func jsonRequest(method, path, body, apiKey string) *http.Request {
 // handling the request carries the request id that its X-Request-ID header and its
 // problem+json body or error page show, and each request has exactly one access line.
 func TestEveryLogLineCarriesTheRequestID(t *testing.T) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			ctx := context.Background()
-			s, lc := newCapturingServer(t, db)
-			s.app.Get("/test/panic", func(*fiber.Ctx) error { panic("handler exploded") })
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		ctx := context.Background()
+		s, lc := newCapturingServer(t, db)
+		s.app.Get("/test/panic", func(*fiber.Ctx) error { panic("handler exploded") })
 
-			// A panic: 500 problem, the panic with its stack, the failure and the access line.
-			r := send(t, s, lc, jsonRequest("GET", "/test/panic", "", ""))
-			require.Equal(t, http.StatusInternalServerError, r.status, r.body)
+		// A panic: 500 problem, the panic with its stack, the failure and the access line.
+		r := send(t, s, lc, jsonRequest("GET", "/test/panic", "", ""))
+		require.Equal(t, http.StatusInternalServerError, r.status, r.body)
+		_, lines := requireOneRequestID(t, r)
+		require.Contains(t, lines["panic while handling a request"]["stack"], "runtime/debug.Stack")
+		require.Equal(t, "ERROR", lines["request failed"]["level"])
+		require.NotContains(t, r.body, "exploded", "the panic stays in the log")
+
+		// Refusals of the HTTP layer, each a problem+json with the id.
+		for _, c := range []struct {
+			name   string
+			req    *http.Request
+			status int
+			route  string
+		}{
+			{"unknown route", jsonRequest("GET", "/v2/nothing-here", "", ""), 404, "unmatched"},
+			{"method not allowed", jsonRequest("DELETE", "/healthz", "", ""), 405, "unmatched"},
+			// Refused by the /v1 group's authentication, before its own route.
+			{"unauthorized", jsonRequest("POST", "/v1/acquire", `{}`, "idg_wrong"), 401, "/v1"},
+		} {
+			r := send(t, s, lc, c.req)
+			require.Equal(t, c.status, r.status, "%s: %s", c.name, r.body)
 			_, lines := requireOneRequestID(t, r)
-			require.Contains(t, lines["panic while handling a request"]["stack"], "runtime/debug.Stack")
-			require.Equal(t, "ERROR", lines["request failed"]["level"])
-			require.NotContains(t, r.body, "exploded", "the panic stays in the log")
+			require.Equal(t, c.route, lines["request"]["route"], c.name)
+		}
 
-			// Refusals of the HTTP layer, each a problem+json with the id.
-			for _, c := range []struct {
-				name   string
-				req    *http.Request
-				status int
-				route  string
-			}{
-				{"unknown route", jsonRequest("GET", "/v2/nothing-here", "", ""), 404, "unmatched"},
-				{"method not allowed", jsonRequest("DELETE", "/healthz", "", ""), 405, "unmatched"},
-				// Refused by the /v1 group's authentication, before its own route.
-				{"unauthorized", jsonRequest("POST", "/v1/acquire", `{}`, "idg_wrong"), 401, "/v1"},
-			} {
-				r := send(t, s, lc, c.req)
-				require.Equal(t, c.status, r.status, "%s: %s", c.name, r.body)
-				_, lines := requireOneRequestID(t, r)
-				require.Equal(t, c.route, lines["request"]["route"], c.name)
-			}
+		// A body over the limit is refused by the HTTP server before any middleware; the
+		// error handler gives it an id and logs its access line. Only a real connection
+		// shows it (app.Test refuses to send such a request).
+		r = sendOversized(t, s, lc, "/v1/acquire", 300<<10)
+		require.Equal(t, http.StatusRequestEntityTooLarge, r.status, r.body)
+		_, lines = requireOneRequestID(t, r)
+		require.Equal(t, "unmatched", lines["request"]["route"])
 
-			// A body over the limit is refused by the HTTP server before any middleware; the
-			// error handler gives it an id and logs its access line. Only a real connection
-			// shows it (app.Test refuses to send such a request).
-			r = sendOversized(t, s, lc, "/v1/acquire", 300<<10)
-			require.Equal(t, http.StatusRequestEntityTooLarge, r.status, r.body)
-			_, lines = requireOneRequestID(t, r)
-			require.Equal(t, "unmatched", lines["request"]["route"])
+		// Services log with the request's context: an admin creates an API key.
+		b := newDashBrowser(t, s)
+		b.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
+		page := b.get("/admin")
+		r = send(t, s, lc, formRequest(b, "/admin/api-keys",
+			url.Values{"tenant": {"log-" + dashRandom()}, "label": {"x"}, "_csrf": {page.csrf(t)}}))
+		require.Less(t, r.status, 400, r.body)
+		_, lines = requireOneRequestID(t, r)
+		require.Contains(t, lines, "API key created", "the services line is the request's")
+		require.Equal(t, "/admin/api-keys", lines["request"]["route"])
 
-			// Services log with the request's context: an admin creates an API key.
-			b := newDashBrowser(t, s)
-			b.mustLogin(dashOperator(t, db, services.RoleAdmin, nil))
-			page := b.get("/admin")
-			r = send(t, s, lc, formRequest(b, "/admin/api-keys",
-				url.Values{"tenant": {"log-" + dashRandom()}, "label": {"x"}, "_csrf": {page.csrf(t)}}))
-			require.Less(t, r.status, 400, r.body)
-			_, lines = requireOneRequestID(t, r)
-			require.Contains(t, lines, "API key created", "the services line is the request's")
-			require.Equal(t, "/admin/api-keys", lines["request"]["route"])
+		// CSRF: a form post without the token is refused with an error page naming the id.
+		r = send(t, s, lc, formRequest(newDashBrowser(t, s), "/login", url.Values{"username": {"x"}, "password": {"y"}}))
+		require.Equal(t, http.StatusForbidden, r.status)
+		_, lines = requireOneRequestID(t, r)
+		require.Contains(t, lines, "dashboard form refused")
 
-			// CSRF: a form post without the token is refused with an error page naming the id.
-			r = send(t, s, lc, formRequest(newDashBrowser(t, s), "/login", url.Values{"username": {"x"}, "password": {"y"}}))
-			require.Equal(t, http.StatusForbidden, r.status)
-			_, lines = requireOneRequestID(t, r)
-			require.Contains(t, lines, "dashboard form refused")
+		// Rate limits, on a server of its own that has counted no failure yet.
+		limited, llc := newCapturingServer(t, db)
+		// Sign-in: the 11th failure in a minute is 429, logged as such.
+		guest := newDashBrowser(t, limited)
+		token := guest.get("/login").csrf(t)
+		for i := 0; i < loginAttempts; i++ {
+			require.Equal(t, http.StatusUnauthorized, guest.post("/login",
+				url.Values{"username": {"nobody"}, "password": {"wrong-password"}, "_csrf": {token}}).status)
+		}
+		r = send(t, limited, llc, formRequest(guest, "/login",
+			url.Values{"username": {"nobody"}, "password": {"wrong-password"}, "_csrf": {token}}))
+		require.Equal(t, http.StatusTooManyRequests, r.status)
+		_, lines = requireOneRequestID(t, r)
+		require.Contains(t, lines, "dashboard sign-in rate limited")
+		// API keys: the failure that reaches the limit logs it; the next request is 429.
+		for i := 0; i < authFailures-1; i++ {
+			require.Equal(t, http.StatusUnauthorized, send(t, limited, llc, jsonRequest("GET", "/v1/keys", "", "idg_wrong")).status)
+		}
+		r = send(t, limited, llc, jsonRequest("GET", "/v1/keys", "", "idg_wrong"))
+		require.Equal(t, http.StatusUnauthorized, r.status)
+		_, lines = requireOneRequestID(t, r)
+		require.Contains(t, lines, "API authentication failures rate limited")
+		r = send(t, limited, llc, jsonRequest("GET", "/v1/keys", "", "idg_wrong"))
+		require.Equal(t, http.StatusTooManyRequests, r.status)
+		requireOneRequestID(t, r)
 
-			// Rate limits, on a server of its own that has counted no failure yet.
-			limited, llc := newCapturingServer(t, db)
-			// Sign-in: the 11th failure in a minute is 429, logged as such.
-			guest := newDashBrowser(t, limited)
-			token := guest.get("/login").csrf(t)
-			for i := 0; i < loginAttempts; i++ {
-				require.Equal(t, http.StatusUnauthorized, guest.post("/login",
-					url.Values{"username": {"nobody"}, "password": {"wrong-password"}, "_csrf": {token}}).status)
-			}
-			r = send(t, limited, llc, formRequest(guest, "/login",
-				url.Values{"username": {"nobody"}, "password": {"wrong-password"}, "_csrf": {token}}))
-			require.Equal(t, http.StatusTooManyRequests, r.status)
-			_, lines = requireOneRequestID(t, r)
-			require.Contains(t, lines, "dashboard sign-in rate limited")
-			// API keys: the failure that reaches the limit logs it; the next request is 429.
-			for i := 0; i < authFailures-1; i++ {
-				require.Equal(t, http.StatusUnauthorized, send(t, limited, llc, jsonRequest("GET", "/v1/keys", "", "idg_wrong")).status)
-			}
-			r = send(t, limited, llc, jsonRequest("GET", "/v1/keys", "", "idg_wrong"))
-			require.Equal(t, http.StatusUnauthorized, r.status)
-			_, lines = requireOneRequestID(t, r)
-			require.Contains(t, lines, "API authentication failures rate limited")
-			r = send(t, limited, llc, jsonRequest("GET", "/v1/keys", "", "idg_wrong"))
-			require.Equal(t, http.StatusTooManyRequests, r.status)
-			requireOneRequestID(t, r)
-
-			// A store error inside services: a server whose database is closed under it.
-			closing := closedLater(t, db.Dialect)
-			broken, blc := newCapturingServer(t, closing)
-			secret, err := broken.accounts.CreateAPIKey(ctx, nil, "broken-"+dashRandom(), "x", "")
-			require.NoError(t, err)
-			require.Equal(t, http.StatusOK, send(t, broken, blc, jsonRequest("GET", "/v1/keys", "", secret)).status)
-			// That request records the key's use in the background; let it finish first, or it
-			// fails on the closed database and logs (with its own request id) during the next.
-			require.Eventually(t, func() bool {
-				var n int64
-				err := closing.Model(&models.APIKey{}).Where("prefix = ? AND last_used_at IS NOT NULL", secret[:12]).Count(&n).Error
-				return err == nil && n == 1
-			}, 5*time.Second, 10*time.Millisecond)
-			require.NoError(t, closing.Close())
-			// The API key stays cached for a second, so the request gets as far as the acquire.
-			r = send(t, broken, blc, jsonRequest("POST", "/v1/acquire", `{"key":"k","ttl_seconds":60}`, secret))
-			require.Equal(t, http.StatusInternalServerError, r.status, r.body)
-			_, lines = requireOneRequestID(t, r)
-			require.Contains(t, lines["request failed"]["err"], "acquire")
-		})
-	}
+		// A store error inside services: a server whose database is closed under it.
+		closing := closedLater(t, db.Dialect)
+		broken, blc := newCapturingServer(t, closing)
+		secret, err := broken.accounts.CreateAPIKey(ctx, nil, "broken-"+dashRandom(), "x", "")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, send(t, broken, blc, jsonRequest("GET", "/v1/keys", "", secret)).status)
+		// That request records the key's use in the background; let it finish first, or it
+		// fails on the closed database and logs (with its own request id) during the next.
+		require.Eventually(t, func() bool {
+			var n int64
+			err := closing.Model(&models.APIKey{}).Where("prefix = ? AND last_used_at IS NOT NULL", secret[:12]).Count(&n).Error
+			return err == nil && n == 1
+		}, 5*time.Second, 10*time.Millisecond)
+		require.NoError(t, closing.Close())
+		// The API key stays cached for a second, so the request gets as far as the acquire.
+		r = send(t, broken, blc, jsonRequest("POST", "/v1/acquire", `{"key":"k","ttl_seconds":60}`, secret))
+		require.Equal(t, http.StatusInternalServerError, r.status, r.body)
+		_, lines = requireOneRequestID(t, r)
+		require.Contains(t, lines["request failed"]["err"], "acquire")
+	})
 }
 
 // TestAccessLog: one line per request with method, route, path without the query string,

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -55,26 +54,18 @@ func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 	}
 }
 
-// isolatedDBs returns a new, migrated PostgreSQL database and SQLite file that only the calling
-// test uses (both dropped or removed after it), for assertions over every row: the last-admin
-// rule counts every account, the reaper and the reconciliation gauge see every tenant.
-func isolatedDBs(t *testing.T) []*models.DB {
+// elapse lets d pass for p's tenant in db, for keys or (none named) all its keys, without
+// waiting: their holds, TTLs and leases end d sooner (modeltest.Elapse). A hold acquired with
+// a TTL of 1 s has expired after elapse(t, db, p, time.Second).
+func elapse(t testing.TB, db *models.DB, p services.Principal, d time.Duration, keys ...string) {
 	t.Helper()
-	ctx := context.Background()
-	pgURL, drop, err := modeltest.CreatePostgres()
-	require.NoError(t, err)
-	t.Cleanup(drop)
-	var out []*models.DB
-	for _, opts := range []models.OpenOptions{
-		{DatabaseURL: pgURL, MaxConns: 16},
-		{SQLitePath: filepath.Join(t.TempDir(), "isolated.db")},
-	} {
-		db, err := models.Open(ctx, opts)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		_, err = models.Migrate(ctx, db, nil)
-		require.NoError(t, err)
-		out = append(out, db)
-	}
-	return out
+	modeltest.Elapse(t, db, p.TenantID, d, keys...)
+}
+
+// elapse is elapse for the tenant of c's API key.
+func (c *apiClient) elapse(db *models.DB, d time.Duration, keys ...string) {
+	c.t.Helper()
+	p, err := c.s.auth.Authenticate(context.Background(), c.key)
+	require.NoError(c.t, err)
+	elapse(c.t, db, p, d, keys...)
 }

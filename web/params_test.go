@@ -213,68 +213,66 @@ func (w *paramSweepWorld) send(t testing.TB, check bool, method, path, rawQuery,
 // 9: PostgreSQL refused the text and the handlers answered 500).
 func TestUnstorableParamsRefusedOnEveryRoute(t *testing.T) {
 	t.Parallel()
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			w := newParamSweepWorld(t, db)
-			table := w.routes()
-			var routes []string
-			for _, r := range w.s.app.GetRoutes(true) {
-				if r.Method == http.MethodHead {
-					continue
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		w := newParamSweepWorld(t, db)
+		table := w.routes()
+		var routes []string
+		for _, r := range w.s.app.GetRoutes(true) {
+			if r.Method == http.MethodHead {
+				continue
+			}
+			routes = append(routes, r.Method+" "+r.Path)
+		}
+		// Static files are served by a middleware (app.Use), which GetRoutes leaves out.
+		routes = append(routes, "GET /static/*")
+		sort.Strings(routes)
+		for _, r := range routes {
+			_, ok := table[r]
+			require.True(t, ok, "route %s has no row in the parameter sweep", r)
+		}
+		for r := range table {
+			require.Contains(t, routes, r, "the sweep names a route the server does not have")
+		}
+		for _, route := range routes {
+			method, _, _ := strings.Cut(route, " ")
+			rp := table[route]
+			type variant struct{ name, path, query, form string }
+			var variants []variant
+			for _, bad := range unstorable {
+				for _, pp := range rp.pathParams {
+					variants = append(variants, variant{"path " + pp + "=" + bad,
+						strings.Replace(rp.path, pp, bad, 1), rp.query.Encode(), rp.form.Encode()})
 				}
-				routes = append(routes, r.Method+" "+r.Path)
-			}
-			// Static files are served by a middleware (app.Use), which GetRoutes leaves out.
-			routes = append(routes, "GET /static/*")
-			sort.Strings(routes)
-			for _, r := range routes {
-				_, ok := table[r]
-				require.True(t, ok, "route %s has no row in the parameter sweep", r)
-			}
-			for r := range table {
-				require.Contains(t, routes, r, "the sweep names a route the server does not have")
-			}
-			for _, route := range routes {
-				method, _, _ := strings.Cut(route, " ")
-				rp := table[route]
-				type variant struct{ name, path, query, form string }
-				var variants []variant
-				for _, bad := range unstorable {
-					for _, pp := range rp.pathParams {
-						variants = append(variants, variant{"path " + pp + "=" + bad,
-							strings.Replace(rp.path, pp, bad, 1), rp.query.Encode(), rp.form.Encode()})
-					}
-					for _, name := range append(sortedKeys(rp.query), "zz") {
-						variants = append(variants, variant{"query " + name + "=" + bad, rp.path,
-							spliced(rp.query, name, bad), rp.form.Encode()})
-					}
-					variants = append(variants, variant{"query name " + bad, rp.path, rp.query.Encode() + "&" + bad + "=1", rp.form.Encode()})
-					if method == http.MethodPost && !strings.HasPrefix(rp.path, "/v1/") {
-						for _, name := range append(sortedKeys(rp.form), "zz") {
-							variants = append(variants, variant{"form " + name + "=" + bad, rp.path, rp.query.Encode(),
-								spliced(rp.form, name, bad)})
-						}
-					}
+				for _, name := range append(sortedKeys(rp.query), "zz") {
+					variants = append(variants, variant{"query " + name + "=" + bad, rp.path,
+						spliced(rp.query, name, bad), rp.form.Encode()})
 				}
-				for _, v := range variants {
-					status, h, body := w.send(t, true, method, v.path, v.query, v.form)
-					// Every failure is reported, not only the first, so that one run shows them all.
-					switch {
-					case status >= 500:
-						t.Errorf("%s %s: server error %d: %s", route, v.name, status, truncate([]byte(body), 200))
-					case status != http.StatusBadRequest:
-						t.Errorf("%s %s: %d, want 400: %s", route, v.name, status, truncate([]byte(body), 200))
-					case strings.HasPrefix(h.Get("Content-Type"), "text/html"):
-						if !strings.Contains(body, "not valid UTF-8") {
-							t.Errorf("%s %s: 400 page without the reason: %s", route, v.name, truncate([]byte(body), 200))
-						}
-					case h.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, `"code":"invalid_request"`):
-						t.Errorf("%s %s: 400 that is not invalid_request: %s", route, v.name, truncate([]byte(body), 200))
+				variants = append(variants, variant{"query name " + bad, rp.path, rp.query.Encode() + "&" + bad + "=1", rp.form.Encode()})
+				if method == http.MethodPost && !strings.HasPrefix(rp.path, "/v1/") {
+					for _, name := range append(sortedKeys(rp.form), "zz") {
+						variants = append(variants, variant{"form " + name + "=" + bad, rp.path, rp.query.Encode(),
+							spliced(rp.form, name, bad)})
 					}
 				}
 			}
-		})
-	}
+			for _, v := range variants {
+				status, h, body := w.send(t, true, method, v.path, v.query, v.form)
+				// Every failure is reported, not only the first, so that one run shows them all.
+				switch {
+				case status >= 500:
+					t.Errorf("%s %s: server error %d: %s", route, v.name, status, truncate([]byte(body), 200))
+				case status != http.StatusBadRequest:
+					t.Errorf("%s %s: %d, want 400: %s", route, v.name, status, truncate([]byte(body), 200))
+				case strings.HasPrefix(h.Get("Content-Type"), "text/html"):
+					if !strings.Contains(body, "not valid UTF-8") {
+						t.Errorf("%s %s: 400 page without the reason: %s", route, v.name, truncate([]byte(body), 200))
+					}
+				case h.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, `"code":"invalid_request"`):
+					t.Errorf("%s %s: 400 that is not invalid_request: %s", route, v.name, truncate([]byte(body), 200))
+				}
+			}
+		}
+	})
 }
 
 func sortedKeys(v url.Values) []string {

@@ -172,7 +172,7 @@ func TestQueueOwnerReportedReason(t *testing.T) {
 		b.mustLogin(f.restricted)
 		reported := f.uncertainOp(t, f.pA, "reported-"+dashRandom())
 		lapsed := f.opAcquire(t, f.pA, "lapsed-"+dashRandom(), 1, "")
-		time.Sleep(1100 * time.Millisecond) // the TTL of 1 s must pass; the reaper makes it uncertain
+		elapse(t, f.db, f.pA, time.Second, lapsed.Key) // the TTL of 1 s passes; the reaper makes it uncertain
 		_, err := services.NewReaper(f.db, slog.New(slog.DiscardHandler), 0).RunOnce(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, services.StateUncertain, f.opDetail(t, f.pA, lapsed.OperationID).State)

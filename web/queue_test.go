@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -95,7 +96,7 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 
 		taken := f.opAcquire(t, f.pA, "q-taken", 1, "")
 		reaped := f.opAcquire(t, f.pA, "q-reaped", 1, "")
-		time.Sleep(1100 * time.Millisecond)
+		elapse(t, f.db, f.pA, time.Second, "q-taken", "q-reaped")
 		f.opAcquire(t, f.pA, "q-taken", 300, "") // takes the expired key over: taken becomes uncertain
 		res, err := services.NewReaper(f.db, slog.New(slog.DiscardHandler), 0).RunOnce(ctx)
 		require.NoError(t, err)
@@ -137,35 +138,33 @@ func TestReconciliationQueueAgrees(t *testing.T) {
 }
 
 func TestListOperationsValidation(t *testing.T) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s := newTestServer(t, db)
-			api := newTenantClient(t, s)
-			keyCursor := ""
-			for i := range 2 {
-				acquire(api, "v-"+string(rune('a'+i)), nil)
-			}
-			if res := api.do("GET", "/v1/keys?limit=1", nil); res.status == http.StatusOK {
-				keyCursor, _ = res.body["next_cursor"].(string)
-			}
-			require.NotEmpty(t, keyCursor)
-			for _, q := range []struct{ query, field string }{
-				{"", "state"},
-				{"state=failed", "state"},
-				{"state=UNCERTAIN", "state"},
-				{"state=uncertain&limit=0", "limit"},
-				{"state=uncertain&limit=501", "limit"},
-				{"state=uncertain&limit=x", "limit"},
-				{"state=uncertain&cursor=%25%25", "cursor"},
-				{"state=uncertain&cursor=" + url.QueryEscape(keyCursor), "cursor"},
-			} {
-				res := problemOf(t, api.do("GET", "/v1/operations?"+q.query, nil), http.StatusBadRequest, "invalid_request")
-				require.Equal(t, []string{q.field}, fieldNames(res), q.query)
-			}
-			res := api.do("GET", "/v1/operations?state=uncertain&limit=500", nil)
-			require.Equal(t, http.StatusOK, res.status, res.raw)
-			require.Empty(t, res.body["items"])
-			require.Nil(t, res.body["next_cursor"])
-		})
-	}
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s := newTestServer(t, db)
+		api := newTenantClient(t, s)
+		keyCursor := ""
+		for i := range 2 {
+			acquire(api, "v-"+string(rune('a'+i)), nil)
+		}
+		if res := api.do("GET", "/v1/keys?limit=1", nil); res.status == http.StatusOK {
+			keyCursor, _ = res.body["next_cursor"].(string)
+		}
+		require.NotEmpty(t, keyCursor)
+		for _, q := range []struct{ query, field string }{
+			{"", "state"},
+			{"state=failed", "state"},
+			{"state=UNCERTAIN", "state"},
+			{"state=uncertain&limit=0", "limit"},
+			{"state=uncertain&limit=501", "limit"},
+			{"state=uncertain&limit=x", "limit"},
+			{"state=uncertain&cursor=%25%25", "cursor"},
+			{"state=uncertain&cursor=" + url.QueryEscape(keyCursor), "cursor"},
+		} {
+			res := problemOf(t, api.do("GET", "/v1/operations?"+q.query, nil), http.StatusBadRequest, "invalid_request")
+			require.Equal(t, []string{q.field}, fieldNames(res), q.query)
+		}
+		res := api.do("GET", "/v1/operations?state=uncertain&limit=500", nil)
+		require.Equal(t, http.StatusOK, res.status, res.raw)
+		require.Empty(t, res.body["items"])
+		require.Nil(t, res.body["next_cursor"])
+	})
 }

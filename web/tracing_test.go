@@ -92,115 +92,113 @@ func lastServerSpan(t *testing.T, rec *tracetest.SpanRecorder) sdktrace.ReadOnly
 // trace and span ids; the latency histogram has the trace id as exemplar in OpenMetrics. On
 // PostgreSQL (otelpgx) and SQLite (otelsql).
 func TestTracingRequestSpans(t *testing.T) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s, rec, lc := tracedServer(t, db, false)
-			c := newTenantClient(t, s)
-			key := "trace-" + dashRandom()
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s, rec, lc := tracedServer(t, db, false)
+		c := newTenantClient(t, s)
+		key := "trace-" + dashRandom()
 
-			const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-			body := fmt.Sprintf(`{"key":%q,"ttl_seconds":60,"fingerprint":"fp-1"}`, key)
-			req := httptest.NewRequest(http.MethodPost, "/v1/acquire", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+c.key)
-			req.Header.Set("traceparent", "00-"+traceID+"-"+parentID+"-01")
-			got := send(t, s, lc, req)
-			require.Equal(t, http.StatusCreated, got.status, got.body)
-			var admitted map[string]any
-			require.NoError(t, json.Unmarshal([]byte(got.body), &admitted))
+		const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+		body := fmt.Sprintf(`{"key":%q,"ttl_seconds":60,"fingerprint":"fp-1"}`, key)
+		req := httptest.NewRequest(http.MethodPost, "/v1/acquire", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+c.key)
+		req.Header.Set("traceparent", "00-"+traceID+"-"+parentID+"-01")
+		got := send(t, s, lc, req)
+		require.Equal(t, http.StatusCreated, got.status, got.body)
+		var admitted map[string]any
+		require.NoError(t, json.Unmarshal([]byte(got.body), &admitted))
 
-			span := lastServerSpan(t, rec)
-			require.Equal(t, "POST /v1/acquire", span.Name())
-			require.Equal(t, traceID, span.SpanContext().TraceID().String(), "traceparent not continued")
-			require.Equal(t, parentID, span.Parent().SpanID().String())
-			require.True(t, span.Parent().IsRemote())
-			a := spanAttrs(span)
-			require.Equal(t, "admitted", a[attrDecision].AsString())
-			require.Equal(t, principalOf(t, s, c).TenantName, a[attrTenant].AsString())
-			require.EqualValues(t, admitted["fencing_token"], a[attrFencingToken].AsInt64())
-			require.Equal(t, admitted["operation_id"], a[attrOperationID].AsString())
-			require.Equal(t, keyHash(key), a[attrKeyHash].AsString())
-			require.NotContains(t, a, attrKey, "raw key recorded without IDEMGATE_TRACE_KEYS")
-			require.Equal(t, "POST", a["http.request.method"].AsString())
-			require.Equal(t, "/v1/acquire", a["http.route"].AsString())
-			require.EqualValues(t, 201, a["http.response.status_code"].AsInt64())
-			require.NotContains(t, a, attribute.Key("url.path"))
+		span := lastServerSpan(t, rec)
+		require.Equal(t, "POST /v1/acquire", span.Name())
+		require.Equal(t, traceID, span.SpanContext().TraceID().String(), "traceparent not continued")
+		require.Equal(t, parentID, span.Parent().SpanID().String())
+		require.True(t, span.Parent().IsRemote())
+		a := spanAttrs(span)
+		require.Equal(t, "admitted", a[attrDecision].AsString())
+		require.Equal(t, principalOf(t, s, c).TenantName, a[attrTenant].AsString())
+		require.EqualValues(t, admitted["fencing_token"], a[attrFencingToken].AsInt64())
+		require.Equal(t, admitted["operation_id"], a[attrOperationID].AsString())
+		require.Equal(t, keyHash(key), a[attrKeyHash].AsString())
+		require.NotContains(t, a, attrKey, "raw key recorded without IDEMGATE_TRACE_KEYS")
+		require.Equal(t, "POST", a["http.request.method"].AsString())
+		require.Equal(t, "/v1/acquire", a["http.route"].AsString())
+		require.EqualValues(t, 201, a["http.response.status_code"].AsInt64())
+		require.NotContains(t, a, attribute.Key("url.path"))
 
-			// The request's statements: client spans of the same trace, under the server span.
-			var dbSpans int
-			for _, d := range rec.Ended() {
-				if d.SpanKind() != trace.SpanKindClient || d.SpanContext().TraceID() != span.SpanContext().TraceID() {
-					continue
-				}
-				dbSpans++
-				require.True(t, d.Parent().IsValid())
-				if q, ok := spanAttrs(d)["db.query.text"]; ok {
-					require.NotEmpty(t, q.AsString())
-				}
+		// The request's statements: client spans of the same trace, under the server span.
+		var dbSpans int
+		for _, d := range rec.Ended() {
+			if d.SpanKind() != trace.SpanKindClient || d.SpanContext().TraceID() != span.SpanContext().TraceID() {
+				continue
 			}
-			require.NotZero(t, dbSpans, "no database span in the request's trace")
-
-			// The access line names the trace and the server span.
-			var access map[string]any
-			for _, l := range got.lines {
-				if l["msg"] == "request" {
-					access = l
-				}
+			dbSpans++
+			require.True(t, d.Parent().IsValid())
+			if q, ok := spanAttrs(d)["db.query.text"]; ok {
+				require.NotEmpty(t, q.AsString())
 			}
-			require.NotNil(t, access, "no access line: %v", got.lines)
-			require.Equal(t, traceID, access[logging.TraceIDKey])
-			require.Equal(t, span.SpanContext().SpanID().String(), access[logging.SpanIDKey])
+		}
+		require.NotZero(t, dbSpans, "no database span in the request's trace")
 
-			// A duplicate and a conflict are decisions too; the conflict's problem code is there.
-			c.do("POST", "/v1/acquire", map[string]any{"key": key, "ttl_seconds": 60, "fingerprint": "fp-1"})
-			require.Equal(t, "duplicate", spanAttrs(lastServerSpan(t, rec))[attrDecision].AsString())
-			problemOf(t, c.do("POST", "/v1/acquire", map[string]any{"key": key, "ttl_seconds": 60, "fingerprint": "fp-2"}),
-				422, "fingerprint_mismatch")
-			a = spanAttrs(lastServerSpan(t, rec))
-			require.Equal(t, "conflict", a[attrDecision].AsString())
-			require.Equal(t, "fingerprint_mismatch", a[attrProblemCode].AsString())
-
-			// Outcome and release name the operation and their decision.
-			opID, owner := admitted["operation_id"].(string), admitted["owner_token"].(string)
-			res := c.do("POST", "/v1/operations/"+opID+"/outcome", map[string]any{"owner_token": owner, "status": "failed"})
-			require.Equal(t, 200, res.status, res.raw)
-			a = spanAttrs(lastServerSpan(t, rec))
-			require.Equal(t, "POST /v1/operations/:id/outcome", lastServerSpan(t, rec).Name())
-			require.Equal(t, "recorded", a[attrDecision].AsString())
-			require.Equal(t, opID, a[attrOperationID].AsString())
-			problemOf(t, c.do("POST", "/v1/release", map[string]any{"key": key, "owner_token": "ot_wrong"}), 409, "not_owner")
-			require.Equal(t, "not_owner", spanAttrs(lastServerSpan(t, rec))[attrDecision].AsString())
-
-			// A batch counts its items' decisions.
-			res = c.do("POST", "/v1/acquire:batch", map[string]any{"items": []any{
-				map[string]any{"key": key + "-b", "ttl_seconds": 60}, map[string]any{"key": key + "-b", "ttl_seconds": 60},
-				map[string]any{"ttl_seconds": 60}}})
-			require.Equal(t, 200, res.status, res.raw)
-			a = spanAttrs(lastServerSpan(t, rec))
-			require.Equal(t, "POST /v1/acquire:batch", lastServerSpan(t, rec).Name())
-			require.EqualValues(t, 3, a[attrBatchItems].AsInt64())
-			require.EqualValues(t, 1, a["idemgate.decision.admitted"].AsInt64())
-			require.EqualValues(t, 1, a["idemgate.decision.duplicate"].AsInt64())
-			require.EqualValues(t, 1, a["idemgate.decision.invalid"].AsInt64())
-
-			// Exemplars: the OpenMetrics scrape shows the acquire's trace id on its bucket.
-			mreq := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-			mreq.Header.Set("Accept", "application/openmetrics-text; version=1.0.0; charset=utf-8")
-			resp, err := s.app.Test(mreq, -1)
-			require.NoError(t, err)
-			raw, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			require.Contains(t, resp.Header.Get("Content-Type"), "application/openmetrics-text")
-			var exemplar bool
-			for _, line := range strings.Split(string(raw), "\n") {
-				if strings.HasPrefix(line, "idemgate_http_request_duration_seconds_bucket{") &&
-					strings.Contains(line, `route="/v1/acquire"`) && strings.Contains(line, `# {trace_id="`+traceID+`"}`) {
-					exemplar = true
-				}
+		// The access line names the trace and the server span.
+		var access map[string]any
+		for _, l := range got.lines {
+			if l["msg"] == "request" {
+				access = l
 			}
-			require.True(t, exemplar, "no exemplar with the acquire's trace id:\n%s", raw)
-		})
-	}
+		}
+		require.NotNil(t, access, "no access line: %v", got.lines)
+		require.Equal(t, traceID, access[logging.TraceIDKey])
+		require.Equal(t, span.SpanContext().SpanID().String(), access[logging.SpanIDKey])
+
+		// A duplicate and a conflict are decisions too; the conflict's problem code is there.
+		c.do("POST", "/v1/acquire", map[string]any{"key": key, "ttl_seconds": 60, "fingerprint": "fp-1"})
+		require.Equal(t, "duplicate", spanAttrs(lastServerSpan(t, rec))[attrDecision].AsString())
+		problemOf(t, c.do("POST", "/v1/acquire", map[string]any{"key": key, "ttl_seconds": 60, "fingerprint": "fp-2"}),
+			422, "fingerprint_mismatch")
+		a = spanAttrs(lastServerSpan(t, rec))
+		require.Equal(t, "conflict", a[attrDecision].AsString())
+		require.Equal(t, "fingerprint_mismatch", a[attrProblemCode].AsString())
+
+		// Outcome and release name the operation and their decision.
+		opID, owner := admitted["operation_id"].(string), admitted["owner_token"].(string)
+		res := c.do("POST", "/v1/operations/"+opID+"/outcome", map[string]any{"owner_token": owner, "status": "failed"})
+		require.Equal(t, 200, res.status, res.raw)
+		a = spanAttrs(lastServerSpan(t, rec))
+		require.Equal(t, "POST /v1/operations/:id/outcome", lastServerSpan(t, rec).Name())
+		require.Equal(t, "recorded", a[attrDecision].AsString())
+		require.Equal(t, opID, a[attrOperationID].AsString())
+		problemOf(t, c.do("POST", "/v1/release", map[string]any{"key": key, "owner_token": "ot_wrong"}), 409, "not_owner")
+		require.Equal(t, "not_owner", spanAttrs(lastServerSpan(t, rec))[attrDecision].AsString())
+
+		// A batch counts its items' decisions.
+		res = c.do("POST", "/v1/acquire:batch", map[string]any{"items": []any{
+			map[string]any{"key": key + "-b", "ttl_seconds": 60}, map[string]any{"key": key + "-b", "ttl_seconds": 60},
+			map[string]any{"ttl_seconds": 60}}})
+		require.Equal(t, 200, res.status, res.raw)
+		a = spanAttrs(lastServerSpan(t, rec))
+		require.Equal(t, "POST /v1/acquire:batch", lastServerSpan(t, rec).Name())
+		require.EqualValues(t, 3, a[attrBatchItems].AsInt64())
+		require.EqualValues(t, 1, a["idemgate.decision.admitted"].AsInt64())
+		require.EqualValues(t, 1, a["idemgate.decision.duplicate"].AsInt64())
+		require.EqualValues(t, 1, a["idemgate.decision.invalid"].AsInt64())
+
+		// Exemplars: the OpenMetrics scrape shows the acquire's trace id on its bucket.
+		mreq := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		mreq.Header.Set("Accept", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+		resp, err := s.app.Test(mreq, -1)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Contains(t, resp.Header.Get("Content-Type"), "application/openmetrics-text")
+		var exemplar bool
+		for _, line := range strings.Split(string(raw), "\n") {
+			if strings.HasPrefix(line, "idemgate_http_request_duration_seconds_bucket{") &&
+				strings.Contains(line, `route="/v1/acquire"`) && strings.Contains(line, `# {trace_id="`+traceID+`"}`) {
+				exemplar = true
+			}
+		}
+		require.True(t, exemplar, "no exemplar with the acquire's trace id:\n%s", raw)
+	})
 }
 
 // principalOf is the principal of c's API key.
@@ -297,51 +295,49 @@ func TestTracingOffInstallsNothing(t *testing.T) {
 // carries that request's key hash and operation, never another's (Fiber reuses request
 // contexts, so a span leaking between requests would show here). On both dialects.
 func TestTracingConcurrentRequestsKeepTheirOwnSpans(t *testing.T) {
-	for _, db := range dbs.All() {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			s, rec, _ := tracedServer(t, db, false)
-			c := newTenantClient(t, s)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+	dbs.Each(t, func(t *testing.T, db *models.DB) {
+		s, rec, _ := tracedServer(t, db, false)
+		c := newTenantClient(t, s)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		go func() { _ = s.Serve(ln) }()
+		t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+		const n = 32
+		prefix := "conc-" + dashRandom() + "-"
+		opByTrace := make([]string, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				body := fmt.Sprintf(`{"key":"%s%d","ttl_seconds":60}`, prefix, i)
+				req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/acquire", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+c.key)
+				req.Header.Set("traceparent", fmt.Sprintf("00-%032x-%016x-01", i+1, i+1))
+				resp, err := http.DefaultClient.Do(req)
+				if !assert.NoError(t, err) {
+					return
+				}
+				defer resp.Body.Close()
+				var m map[string]any
+				assert.NoError(t, json.NewDecoder(resp.Body).Decode(&m))
+				assert.Equal(t, http.StatusCreated, resp.StatusCode, m)
+				opByTrace[i], _ = m["operation_id"].(string)
+			}()
+		}
+		wg.Wait()
+		seen := 0
+		for _, sp := range serverSpans(rec) {
+			var i int
+			_, err := fmt.Sscanf(sp.SpanContext().TraceID().String(), "%032x", &i)
 			require.NoError(t, err)
-			go func() { _ = s.Serve(ln) }()
-			t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
-			const n = 32
-			prefix := "conc-" + dashRandom() + "-"
-			opByTrace := make([]string, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					body := fmt.Sprintf(`{"key":"%s%d","ttl_seconds":60}`, prefix, i)
-					req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/acquire", strings.NewReader(body))
-					req.Header.Set("Content-Type", "application/json")
-					req.Header.Set("Authorization", "Bearer "+c.key)
-					req.Header.Set("traceparent", fmt.Sprintf("00-%032x-%016x-01", i+1, i+1))
-					resp, err := http.DefaultClient.Do(req)
-					if !assert.NoError(t, err) {
-						return
-					}
-					defer resp.Body.Close()
-					var m map[string]any
-					assert.NoError(t, json.NewDecoder(resp.Body).Decode(&m))
-					assert.Equal(t, http.StatusCreated, resp.StatusCode, m)
-					opByTrace[i], _ = m["operation_id"].(string)
-				}()
-			}
-			wg.Wait()
-			seen := 0
-			for _, sp := range serverSpans(rec) {
-				var i int
-				_, err := fmt.Sscanf(sp.SpanContext().TraceID().String(), "%032x", &i)
-				require.NoError(t, err)
-				require.True(t, i >= 1 && i <= n, sp.SpanContext().TraceID().String())
-				a := spanAttrs(sp)
-				require.Equal(t, keyHash(fmt.Sprintf("%s%d", prefix, i-1)), a[attrKeyHash].AsString(), "span of trace %d has another request's key", i)
-				require.Equal(t, opByTrace[i-1], a[attrOperationID].AsString())
-				seen++
-			}
-			require.Equal(t, n, seen)
-		})
-	}
+			require.True(t, i >= 1 && i <= n, sp.SpanContext().TraceID().String())
+			a := spanAttrs(sp)
+			require.Equal(t, keyHash(fmt.Sprintf("%s%d", prefix, i-1)), a[attrKeyHash].AsString(), "span of trace %d has another request's key", i)
+			require.Equal(t, opByTrace[i-1], a[attrOperationID].AsString())
+			seen++
+		}
+		require.Equal(t, n, seen)
+	})
 }

@@ -12,17 +12,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -36,95 +35,18 @@ func faultDuration(t *testing.T) time.Duration {
 	return 11 * time.Second
 }
 
-// syncBuffer collects a process's output; the test may read it while the process writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// proc is one idemgate process at a fixed address, which a test can kill and start again.
-type proc struct {
-	t    *testing.T
-	addr string
-	env  []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	log  *syncBuffer
-}
-
-func newProc(t *testing.T, env ...string) *proc {
-	p := &proc{t: t, addr: freeAddr(t), env: env}
+// newProc returns a server process of the test at a free address, not started (Start), which
+// the test may kill (Kill) and start again on the same address; it is killed when the test ends.
+func newProc(t *testing.T, env ...string) *testkit.Proc {
+	p := testkit.NewProc(binary, testkit.FreeAddr(t), append(testkit.MinimalEnv(), serverEnv(env...)...)...)
+	p.Dir = t.TempDir()
 	t.Cleanup(func() {
-		p.kill()
+		p.Kill()
 		if t.Failed() {
-			t.Logf("server %s log (tail):\n%s", p.addr, tail(p.log.String(), 4000))
+			t.Logf("server %s log (tail):\n%s", p.Addr, p.Log.Tail(4000))
 		}
 	})
 	return p
-}
-
-func (p *proc) url() string { return "http://" + p.addr }
-
-// start runs the binary (again, appending to the same log) and waits for /healthz.
-func (p *proc) start() error {
-	p.mu.Lock()
-	if p.log == nil {
-		p.log = &syncBuffer{}
-	}
-	cmd := exec.Command(binary, "serve")
-	cmd.Dir = p.t.TempDir()
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + p.addr,
-		"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=verify-test-password",
-		"IDEMGATE_LOG_FORMAT=json", "IDEMGATE_REAP_INTERVAL=1s"}, p.env...)
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	if err := cmd.Start(); err != nil {
-		p.mu.Unlock()
-		return err
-	}
-	p.cmd = cmd
-	p.mu.Unlock()
-	deadline := time.NewTimer(30 * time.Second)
-	defer deadline.Stop()
-	poll := time.NewTicker(20 * time.Millisecond)
-	defer poll.Stop()
-	for {
-		resp, err := http.Get(p.url() + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		select {
-		case <-poll.C:
-		case <-deadline.C:
-			return fmt.Errorf("server %s did not become healthy", p.addr)
-		}
-	}
-}
-
-// kill sends SIGKILL (kill -9) and reaps the process.
-func (p *proc) kill() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	_ = p.cmd.Wait()
-	p.cmd = nil
 }
 
 // groupAdmission is server i's environment for group admission: the first server of every run
@@ -139,14 +61,14 @@ func groupAdmission(i int) []string {
 }
 
 // startProcs starts n processes with env in parallel.
-func startProcs(t *testing.T, n int, env func(i int) []string) []*proc {
-	ps := make([]*proc, n)
+func startProcs(t *testing.T, n int, env func(i int) []string) []*testkit.Proc {
+	ps := make([]*testkit.Proc, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range ps {
 		ps[i] = newProc(t, env(i)...)
 		wg.Add(1)
-		go func(i int) { defer wg.Done(); errs[i] = ps[i].start() }(i)
+		go func(i int) { defer wg.Done(); errs[i] = ps[i].Start() }(i)
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -269,7 +191,7 @@ func TestHistoryWithServerKilled(t *testing.T) {
 	t.Cleanup(drop)
 	ps := startProcs(t, 2, func(i int) []string { return append([]string{"DATABASE_URL=" + dbURL}, groupAdmission(i)...) })
 
-	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "kill", faultDuration(t))
+	w := newWorkload([]string{ps[0].URL(), ps[1].URL()}, "kill", faultDuration(t))
 	w.batches = false
 	ft := newFaultTransport(w)
 	ctx, cancel := context.WithTimeout(context.Background(), w.duration)
@@ -288,9 +210,9 @@ func TestHistoryWithServerKilled(t *testing.T) {
 				return
 			}
 			s := i % 2
-			ps[s].kill()
+			ps[s].Kill()
 			time.Sleep(300 * time.Millisecond) // its clients see refused connections meanwhile
-			if faultErr = ps[s].start(); faultErr != nil {
+			if faultErr = ps[s].Start(); faultErr != nil {
 				return
 			}
 			restarts = append(restarts, restart{server: s, at: time.Now()})
@@ -334,7 +256,7 @@ func TestHistoryWithBackendsTerminated(t *testing.T) {
 	require.NoError(t, err)
 	defer admin.Close(context.Background())
 
-	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "term", faultDuration(t))
+	w := newWorkload([]string{ps[0].URL(), ps[1].URL()}, "term", faultDuration(t))
 	// Eight keys, as in the outage run below and for the same reason: in a clean-clone make
 	// test on a loaded machine, one of four keys reached 554 operations with 492 answers 503
 	// among the run's, and porcupine hit its 2-minute bound (Unknown, no violation found).
@@ -391,61 +313,6 @@ func TestHistoryWithBackendsTerminated(t *testing.T) {
 	checkRun(t, dbURL, w, rec, history)
 }
 
-// faultProxy is a TCP proxy to PostgreSQL that a test can cut and restore (copied from the
-// process tests in package main), so servers lose their database without stopping the
-// PostgreSQL server that other test packages share.
-type faultProxy struct {
-	l     net.Listener
-	mu    sync.Mutex
-	down  bool
-	conns []net.Conn
-}
-
-func newFaultProxy(t *testing.T, target string) *faultProxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &faultProxy{l: l}
-	t.Cleanup(func() { l.Close(); p.setDown(true) })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			if p.down {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-	return p
-}
-
-// setDown(true) closes every proxied connection and refuses new ones until setDown(false).
-func (p *faultProxy) setDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.conns = nil
-	}
-}
-
 // TestHistoryWithDatabaseOutage: each server reaches PostgreSQL through its own TCP proxy;
 // 3 s into the workload both proxies are cut for 2.5 s (open connections closed, new ones
 // refused), then restored. Asserts: at least one 503 store_unavailable was answered and no
@@ -456,16 +323,12 @@ func TestHistoryWithDatabaseOutage(t *testing.T) {
 	dbURL, drop, err := modeltest.CreatePostgres()
 	require.NoError(t, err)
 	t.Cleanup(drop)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	pxs := []*faultProxy{newFaultProxy(t, u.Host), newFaultProxy(t, u.Host)}
+	pxs := []*testkit.Proxy{testkit.NewProxy(t, ""), testkit.NewProxy(t, "")}
 	ps := startProcs(t, 2, func(i int) []string {
-		pu := *u
-		pu.Host = pxs[i].l.Addr().String()
-		return append([]string{"DATABASE_URL=" + pu.String()}, groupAdmission(i)...)
+		return append([]string{"DATABASE_URL=" + pxs[i].Via(t, dbURL)}, groupAdmission(i)...)
 	})
 
-	w := newWorkload([]string{ps[0].url(), ps[1].url()}, "outage", faultDuration(t))
+	w := newWorkload([]string{ps[0].URL(), ps[1].URL()}, "outage", faultDuration(t))
 	// Eight keys instead of four: porcupine checks each key's history apart, and its search
 	// grows steeply with one key's length and its unknown outcomes. With four, one key reached
 	// 2,232 operations in an 11 s run and the check hit its 2-minute bound (Unknown, no
@@ -491,14 +354,14 @@ func TestHistoryWithDatabaseOutage(t *testing.T) {
 			return
 		}
 		for _, px := range pxs {
-			px.setDown(true)
+			px.SetDown(true)
 		}
 		t.Logf("database cut")
 		// The outage's length, not a wait for anything; it ends even if the run does, so the
 		// database always comes back.
 		time.Sleep(2500 * time.Millisecond)
 		for _, px := range pxs {
-			px.setDown(false)
+			px.SetDown(false)
 		}
 		restored = time.Now()
 		t.Logf("database restored")

@@ -4,20 +4,16 @@ package history
 // PostgreSQL database, 16 concurrent clients, then porcupine and the database invariants.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
@@ -25,22 +21,7 @@ import (
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemgate-verify-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "idemgate")
-	out, err := exec.Command("go", "build", "-o", binary, "github.com/idemgate/idemgate").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: build idemgate: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testkit.BuildMain(m, &binary)) }
 
 // verifyDuration is VERIFY_DURATION (e.g. "5m"), default 20 s.
 func verifyDuration(t *testing.T) time.Duration {
@@ -52,55 +33,16 @@ func verifyDuration(t *testing.T) time.Duration {
 	return 20 * time.Second
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+// serverEnv is the environment of every server of these tests, env last (a later entry wins).
+func serverEnv(env ...string) []string {
+	return append([]string{"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=verify-test-password",
+		"IDEMGATE_LOG_FORMAT=json", "IDEMGATE_REAP_INTERVAL=1s"}, env...)
 }
 
-// startServer runs the binary and waits for /healthz.
+// startServer runs the binary and waits for /healthz; it returns the server's URL.
 func startServer(t *testing.T, env ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
-	cmd := exec.Command(binary, "serve")
-	cmd.Dir = t.TempDir()
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "IDEMGATE_ADDR=" + addr,
-		"IDEMGATE_BOOTSTRAP_API_KEY=" + testAPIKey, "IDEMGATE_ADMIN_PASSWORD=verify-test-password",
-		"IDEMGATE_LOG_FORMAT=json", "IDEMGATE_REAP_INTERVAL=1s"}, env...)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("server %s log (tail):\n%s", addr, tail(log.String(), 4000))
-		}
-	})
-	url := "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return url
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server did not become healthy; log:\n%s", log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+	return testkit.Serve(t, binary, serverEnv(env...)...).URL()
 }
 
 func TestHistoryLinearizableTwoProcesses(t *testing.T) {

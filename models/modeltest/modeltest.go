@@ -37,6 +37,22 @@ type Set struct {
 // All returns the databases in a fixed order, PostgreSQL first.
 func (s *Set) All() []*models.DB { return []*models.DB{s.Postgres, s.SQLite} }
 
+// Each runs fn as a subtest per database of dbs, named after its dialect ("postgres",
+// "sqlite"), in order: the one way this repository's tests run on every database. fn may call
+// t.Parallel.
+func Each(t *testing.T, dbs []*models.DB, fn func(t *testing.T, db *models.DB)) {
+	t.Helper()
+	for _, db := range dbs {
+		t.Run(string(db.Dialect), func(t *testing.T) { fn(t, db) })
+	}
+}
+
+// Each is Each over the set's databases, PostgreSQL first.
+func (s *Set) Each(t *testing.T, fn func(t *testing.T, db *models.DB)) {
+	t.Helper()
+	Each(t, s.All(), fn)
+}
+
 // AdminURL returns TEST_DATABASE_URL or DefaultAdminURL.
 func AdminURL() string {
 	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
@@ -134,6 +150,36 @@ func create() (*Set, func(), error) {
 		}
 	}
 	return s, cleanup, nil
+}
+
+// Fresh returns a new, migrated PostgreSQL database and SQLite file that only the calling test
+// uses (both dropped or removed after it), PostgreSQL first, for assertions over every row of
+// the installation (the last-admin rule counts every account, the reaper and the
+// reconciliation gauge see every tenant) that other tests of the package would disturb.
+func Fresh(tb testing.TB) []*models.DB {
+	tb.Helper()
+	ctx := context.Background()
+	pgURL, drop, err := CreatePostgres()
+	if err != nil {
+		tb.Fatalf("fresh databases: %v", err)
+	}
+	tb.Cleanup(drop)
+	var out []*models.DB
+	for _, opts := range []models.OpenOptions{
+		{DatabaseURL: pgURL, MaxConns: 16},
+		{SQLitePath: filepath.Join(tb.TempDir(), "fresh.db")},
+	} {
+		db, err := models.Open(ctx, opts)
+		if err != nil {
+			tb.Fatalf("fresh databases: %v", err)
+		}
+		tb.Cleanup(func() { _ = db.Close() })
+		if _, err := models.Migrate(ctx, db, nil); err != nil {
+			tb.Fatalf("fresh databases: migrate %s: %v", db.Dialect, err)
+		}
+		out = append(out, db)
+	}
+	return out
 }
 
 // Tenant creates a tenant with a unique name in db and returns its id, so tests sharing the

@@ -156,7 +156,7 @@ func TestRelease(t *testing.T) {
 		res, err = c.Acquire(ctx(t), client.AcquireRequest{Key: staleKey, TTL: time.Second})
 		require.NoError(t, err)
 		stale := res.Admitted
-		time.Sleep(1100 * time.Millisecond)
+		srv.Elapse(t, time.Second, staleKey)
 		res, err = c.Acquire(ctx(t), client.AcquireRequest{Key: staleKey, TTL: time.Minute})
 		require.NoError(t, err)
 		require.NotNil(t, res.Admitted, "re-admitted after the TTL")

@@ -44,7 +44,7 @@ func TestDoRetryAfterLostAnswerKeepsPreviousOperation(t *testing.T) {
 		_, err = plain.RecordOutcome(ctx(t), first.Admitted.OperationID, client.OutcomeRequest{
 			OwnerToken: first.Admitted.OwnerToken, Status: client.StatusSucceeded, Receipt: "ch_1"})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond) // the TTL passes: the key may be admitted again
+		srv.Elapse(t, time.Second, key) // the TTL passes: the key may be admitted again
 
 		var dropped atomic.Int32
 		c := newClient(t, srv, client.WithHTTPClient(dropFirstAnswer("/v1/acquire", &dropped)))

@@ -9,18 +9,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web"
 	"github.com/idemgate/idemgate/web/client"
@@ -89,6 +88,17 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	return s, stop, nil
 }
 
+// Elapse lets d pass for keys (all when none are named) of the tenant of s's APIKey, without
+// waiting: their holds, TTLs and leases end d sooner (modeltest.Elapse).
+func (s *Server) Elapse(tb testing.TB, d time.Duration, keys ...string) {
+	tb.Helper()
+	p, err := services.NewAuth(s.DB, nil).Authenticate(context.Background(), s.APIKey)
+	if err != nil {
+		tb.Fatalf("elapse: authenticate: %v", err)
+	}
+	modeltest.Elapse(tb, s.DB, p.TenantID, d, keys...)
+}
+
 // NewAPIKey creates an API key of a new tenant and returns its secret.
 func (s *Server) NewAPIKey(tb testing.TB) string {
 	tb.Helper()
@@ -109,14 +119,10 @@ func (s *Server) createAPIKey() (string, error) {
 // Proxy, so a test can cut the server off its database and reconnect it.
 func OpenThrough(tb testing.TB, pgURL string, p *Proxy) *models.DB {
 	tb.Helper()
-	u, err := url.Parse(pgURL)
+	u, err := url.Parse(p.Via(tb, pgURL))
 	if err != nil {
 		tb.Fatalf("parse %s: %v", pgURL, err)
 	}
-	p.mu.Lock()
-	p.target = u.Host
-	p.mu.Unlock()
-	u.Host = p.Addr()
 	q := u.Query()
 	q.Set("connect_timeout", "2")
 	u.RawQuery = q.Encode()
@@ -130,100 +136,18 @@ func OpenThrough(tb testing.TB, pgURL string, p *Proxy) *models.DB {
 
 // Proxy is a TCP forwarder that can be switched off (every connection cut, new ones closed
 // at once) and on again: a real network failure between idemgate and its database.
-type Proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]struct{}
-}
+type Proxy = testkit.Proxy
 
 // NewProxy listens on 127.0.0.1:0 until the test ends. OpenThrough sets its target.
-func NewProxy(tb testing.TB) *Proxy {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
-	}
-	p := &Proxy{ln: ln, conns: map[net.Conn]struct{}{}}
-	go p.serve()
-	tb.Cleanup(func() {
-		_ = ln.Close()
-		p.SetDown(true)
-	})
-	return p
-}
-
-// Addr is the proxy's listening address.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
-// SetDown switches the proxy off (cutting every open connection) or on.
-func (p *Proxy) SetDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for c := range p.conns {
-			_ = c.Close()
-		}
-		clear(p.conns)
-	}
-}
-
-func (p *Proxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		} else if err != nil {
-			continue
-		}
-		go p.forward(c)
-	}
-}
-
-func (p *Proxy) forward(c net.Conn) {
-	p.mu.Lock()
-	if p.down {
-		p.mu.Unlock()
-		_ = c.Close()
-		return
-	}
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		p.mu.Unlock()
-		_ = c.Close()
-		return
-	}
-	p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-	p.mu.Unlock()
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		_ = dst.Close()
-		_ = src.Close()
-		done <- struct{}{}
-	}
-	go pipe(up, c)
-	go pipe(c, up)
-	<-done
-	<-done
-	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, up)
-	p.mu.Unlock()
-}
+func NewProxy(tb testing.TB) *Proxy { return testkit.NewProxy(tb, "") }
 
 // Each runs fn in a parallel subtest per database of dbs, each with its own idemgate server.
 func Each(t *testing.T, dbs []*models.DB, fn func(t *testing.T, srv *Server)) {
 	t.Helper()
-	for _, db := range dbs {
-		t.Run(string(db.Dialect), func(t *testing.T) {
-			t.Parallel()
-			fn(t, Start(t, db))
-		})
-	}
+	modeltest.Each(t, dbs, func(t *testing.T, db *models.DB) {
+		t.Parallel()
+		fn(t, Start(t, db))
+	})
 }
 
 // NewClient returns a client of srv with its tenant's API key and a connection pool of its

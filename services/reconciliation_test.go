@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -17,7 +18,7 @@ func operatorAcct(role string, tenant *int64) *OperatorAccount {
 func makeUncertain(t *testing.T, b *testBundle, key string) *Acquisition {
 	t.Helper()
 	acq := mustAcquire(t, b, key, 1)
-	waitExpiry()
+	b.elapse(t, time.Second)
 	_, err := b.reaper.RunOnce(bg)
 	require.NoError(t, err)
 	require.Equal(t, StateUncertain, opRow(t, b, acq.OperationID).State)
@@ -193,7 +194,7 @@ func TestOperationForOperatorHolderAndGenerations(t *testing.T) {
 		require.Equal(t, first.OperationID, d.Holder.OperationID)
 		require.Equal(t, "try-1", deref(d.Holder.AttemptID))
 		require.Len(t, d.Attempts, 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 		second, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "gen/k", TTLSeconds: 60, AttemptID: ptr("try-2")})
 		require.NoError(t, err)
 		require.True(t, second.Admitted)
@@ -291,7 +292,7 @@ func TestOperatorReleaseExpiredHold(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		acq := mustAcquire(t, b, "orel/expired", 1)
-		waitExpiry()
+		b.elapse(t, time.Second)
 		d, err := b.dash.OperationForOperator(bg, operatorAcct(RoleAuditor, nil), acq.OperationID)
 		require.NoError(t, err)
 		require.True(t, d.HoldsKey)
@@ -315,7 +316,7 @@ func TestOperatorReleaseStaleRace(t *testing.T) {
 		seen, err := b.dash.OperationForOperator(bg, acct, a.OperationID)
 		require.NoError(t, err)
 		require.True(t, seen.HoldsKey)
-		waitExpiry()
+		b.elapse(t, time.Second)
 		bAcq, err := b.adm.Acquire(bg, b.p, AcquireInput{Key: "race/k", TTLSeconds: 60, AttemptID: ptr("attempt-b")})
 		require.NoError(t, err)
 		require.True(t, bAcq.Admitted)
