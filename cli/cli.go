@@ -274,7 +274,7 @@ func apikeyCmd(env Env) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			secret, err := services.NewAccounts(db, log, nil).CreateAPIKey(c.Context(), nil, tenant, label, "")
+			secret, err := services.NewAccounts(db, log, nil).CreateAPIKey(c.Context(), services.Installation(), tenant, label, "")
 			if err != nil {
 				return describe(err)
 			}
@@ -295,7 +295,7 @@ func apikeyCmd(env Env) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			n, err := services.NewAccounts(db, log, nil).RevokeAPIKey(c.Context(), nil, services.APIKeyRef{Key: args[0]})
+			n, err := services.NewAccounts(db, log, nil).RevokeAPIKey(c.Context(), services.Installation(), services.APIKeyRef{Key: args[0]})
 			if errors.Is(err, services.ErrNotFound) {
 				return errors.New("no unrevoked API key has that prefix or secret")
 			} else if err != nil {
@@ -330,7 +330,7 @@ func operatorCmd(env Env) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			acct, err := services.NewAccounts(db, log, nil).CreateOperator(c.Context(), nil, username, password, role, tenant)
+			acct, err := services.NewAccounts(db, log, nil).CreateOperator(c.Context(), services.Installation(), username, password, role, tenant)
 			if err != nil {
 				return describe(err)
 			}

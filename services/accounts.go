@@ -23,11 +23,11 @@ import (
 // them would leak other tenants' keys and let it create accounts outside its tenant. What an
 // account changes is logged with its username ("by").
 //
-// CreateAPIKey, RevokeAPIKey and CreateOperator also accept by nil: the installation itself,
-// which Bootstrap and the command line's `apikey create`, `apikey revoke` and `operator
-// create` act as (whoever runs them holds the database's credentials). Nothing is checked or
-// logged for it, so callers acting for a person must never pass nil: the HTTP layer passes
-// the signed-in account, and its admin routes let only global admins through.
+// Bootstrap and the command line's `apikey create`, `apikey revoke` and `operator create` act
+// as Installation(), the installation itself (whoever runs them holds the database's
+// credentials): nothing is checked or logged for it. It is a value of its own, not nil, so a
+// caller that lost its account (nil) is refused like any other non-admin: the HTTP layer
+// passes the signed-in account, and can never pass the installation by mistake.
 //
 // Safe for concurrent use.
 type Accounts struct {
@@ -70,10 +70,18 @@ func requireGlobalAdmin(acct *OperatorAccount) error {
 	return nil
 }
 
-// mayCreateOrRevoke is the check of the methods whose acting account is optional: the
-// installation (nil) may, an account only when it is a global admin.
+// installation is Installation()'s value; methods compare by against this pointer.
+var installation = &OperatorAccount{Username: "installation", Role: RoleAdmin}
+
+// Installation returns the acting account of the installation itself, for Bootstrap and the
+// command line (see Accounts). It passes every check of Accounts, and what it does is not
+// logged as an account's act.
+func Installation() *OperatorAccount { return installation }
+
+// mayCreateOrRevoke is the check of the methods the installation also calls: the installation
+// may, an account only when it is a global admin, and nil (no account) never.
 func mayCreateOrRevoke(by *OperatorAccount) error {
-	if by == nil {
+	if by == installation {
 		return nil
 	}
 	return requireGlobalAdmin(by)
@@ -113,7 +121,7 @@ func (ac *Accounts) Bootstrap(ctx context.Context, adminPassword, apiKey string)
 			pw = newSecret("")[:24]
 			res.AdminPassword = pw
 		}
-		_, err := ac.CreateOperator(ctx, nil, "admin", pw, RoleAdmin, "")
+		_, err := ac.CreateOperator(ctx, installation, "admin", pw, RoleAdmin, "")
 		if err != nil && !isTaken(err) {
 			return nil, fmt.Errorf("bootstrap admin (IDEMGATE_ADMIN_PASSWORD): %w", err)
 		}
@@ -131,7 +139,7 @@ func (ac *Accounts) Bootstrap(ctx context.Context, adminPassword, apiKey string)
 		res.APIKeyIgnored = true
 	}
 	if n == 0 {
-		secret, err := ac.CreateAPIKey(ctx, nil, DefaultTenant, "bootstrap", apiKey)
+		secret, err := ac.CreateAPIKey(ctx, installation, DefaultTenant, "bootstrap", apiKey)
 		if errors.Is(err, gorm.ErrDuplicatedKey) {
 			return res, nil // another instance stored the same supplied key first
 		}
@@ -162,7 +170,7 @@ func ValidateTenantName(s string) string { return ValidateOperationName(s) }
 
 // CreateAPIKey creates an API key for tenant (created if new) and returns its secret, the only
 // copy. secret may be "" to generate one (256 random bits); a supplied one must pass
-// ValidateAPIKeySecret. by is the acting account, nil for the installation (see Accounts). An
+// ValidateAPIKeySecret. by is the acting account, Installation() for the installation (see Accounts). An
 // account must be a global admin and may not create a new tenant whose name differs from an
 // existing tenant's only by letter case, almost always a typo in a form ("Shop" beside "shop");
 // its key is logged with its prefix. Errors: ErrUnauthorized, ErrInvalidRequest (fields tenant,
@@ -171,7 +179,7 @@ func (ac *Accounts) CreateAPIKey(ctx context.Context, by *OperatorAccount, tenan
 	if err := mayCreateOrRevoke(by); err != nil {
 		return "", err
 	}
-	if by != nil {
+	if by != installation {
 		if err := ac.refuseNearTenant(ctx, tenant); err != nil {
 			return "", err
 		}
@@ -198,7 +206,7 @@ func (ac *Accounts) CreateAPIKey(ctx context.Context, by *OperatorAccount, tenan
 	if err != nil {
 		return "", storeError("create API key", err)
 	}
-	if by != nil {
+	if by != installation {
 		ac.log.InfoContext(ctx, "API key created", "by", by.Username, "tenant", tenant, "prefix", secretPrefix(secret))
 	}
 	return secret, nil
@@ -251,7 +259,7 @@ type APIKeyRef struct {
 
 // RevokeAPIKey revokes the unrevoked API keys ref names and returns how many it revoked. The
 // Auth given to NewAccounts refuses them at once; other processes within CacheTTL. by is the
-// acting account, nil for the installation (see Accounts); an account must be a global admin,
+// acting account, Installation() for the installation (see Accounts); an account must be a global admin,
 // and each key it revokes is logged with its prefix. Errors: ErrUnauthorized, ErrNotFound (no
 // unrevoked key matches: none does, or it is revoked already), ErrStoreUnavailable.
 func (ac *Accounts) RevokeAPIKey(ctx context.Context, by *OperatorAccount, ref APIKeyRef) (int64, error) {
@@ -299,7 +307,7 @@ func (ac *Accounts) RevokeAPIKey(ctx context.Context, by *OperatorAccount, ref A
 		}
 		ac.auth.forget(hashes...)
 	}
-	if by != nil {
+	if by != installation {
 		for _, k := range keys {
 			ac.log.InfoContext(ctx, "API key revoked", "by", by.Username, "prefix", k.Prefix)
 		}

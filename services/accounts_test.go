@@ -18,7 +18,7 @@ func TestAccountAdministrationNeedsAGlobalAdmin(t *testing.T) {
 	t.Parallel()
 	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
 		accounts := NewAccounts(db, nil, nil)
-		_, err := accounts.CreateAPIKey(bg, nil, "shop", "", "")
+		_, err := accounts.CreateAPIKey(bg, Installation(), "shop", "", "")
 		require.NoError(t, err)
 		shop := tenantID(t, db, "shop")
 		for _, acct := range []*OperatorAccount{nil, {Role: RoleOperator}, {Role: RoleAdmin, TenantID: &shop}} {
@@ -39,7 +39,7 @@ func TestSetOperatorPasswordConcurrently(t *testing.T) {
 	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
 		auth := NewAuth(db, nil)
 		accounts := NewAccounts(db, nil, auth)
-		op, err := accounts.CreateOperator(bg, nil, "carol", "the-old-password", RoleOperator, "")
+		op, err := accounts.CreateOperator(bg, Installation(), "carol", "the-old-password", RoleOperator, "")
 		require.NoError(t, err)
 		got, err := accounts.OperatorByUsername(bg, admin, "carol")
 		require.NoError(t, err)
@@ -73,13 +73,13 @@ func TestListTenantsCountsKeys(t *testing.T) {
 	admin := &OperatorAccount{Username: "test", Role: RoleAdmin}
 	modeltest.Each(t, modeltest.Fresh(t), func(t *testing.T, db *models.DB) {
 		accounts := NewAccounts(db, nil, nil)
-		s1, err := accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
+		s1, err := accounts.CreateAPIKey(bg, Installation(), "b-tenant", "", "")
 		require.NoError(t, err)
-		_, err = accounts.CreateAPIKey(bg, nil, "b-tenant", "", "")
+		_, err = accounts.CreateAPIKey(bg, Installation(), "b-tenant", "", "")
 		require.NoError(t, err)
-		_, err = accounts.CreateAPIKey(bg, nil, "a-tenant", "", "")
+		_, err = accounts.CreateAPIKey(bg, Installation(), "a-tenant", "", "")
 		require.NoError(t, err)
-		_, err = accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: s1})
+		_, err = accounts.RevokeAPIKey(bg, Installation(), APIKeyRef{Key: s1})
 		require.NoError(t, err)
 		ts, err := accounts.ListTenants(bg, admin)
 		require.NoError(t, err)

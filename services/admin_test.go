@@ -108,7 +108,7 @@ func TestAdminRequiresGlobalAdmin(t *testing.T) {
 		} {
 			_, err := b.accounts.ListAPIKeys(ctx, acct)
 			require.ErrorIs(t, err, ErrUnauthorized)
-			if acct != nil { // nil is the installation, which creates and revokes (see Accounts)
+			{ // nil, no account, is refused like the rest (the installation is Installation())
 				_, err = b.accounts.CreateAPIKey(ctx, acct, adminUnique(t), "", "")
 				require.ErrorIs(t, err, ErrUnauthorized)
 				require.ErrorIs(t, revokeByID(b.accounts, acct, b.p.APIKeyID), ErrUnauthorized)

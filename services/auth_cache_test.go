@@ -46,7 +46,7 @@ func TestAPIKeyCacheRefreshesInTheBackground(t *testing.T) {
 		clock := &testClock{t: time.Now()}
 		a.now = clock.now
 		base := clock.now()
-		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("refresh-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, Installation(), uniqueName("refresh-"), "", "")
 		require.NoError(t, err)
 		p, err := a.Authenticate(bg, secret)
 		require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestAPIKeyCacheRefreshesInTheBackground(t *testing.T) {
 
 		// Revoked elsewhere: the entry still answers within its bound, and its refresh drops
 		// it, after which the key is refused.
-		_, err = NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, nil, APIKeyRef{Key: secret})
+		_, err = NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, Installation(), APIKeyRef{Key: secret})
 		require.NoError(t, err)
 		clock.set(refreshed.Add(CacheTTL - time.Millisecond))
 		_, err = a.Authenticate(bg, secret)
@@ -99,11 +99,11 @@ func TestAPIKeyCacheEntryLapses(t *testing.T) {
 		clock := &testClock{t: time.Now()}
 		a.now = clock.now
 		base := clock.now()
-		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("lapse-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, Installation(), uniqueName("lapse-"), "", "")
 		require.NoError(t, err)
 		_, err = a.Authenticate(bg, secret)
 		require.NoError(t, err)
-		_, err = NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, nil, APIKeyRef{Key: secret})
+		_, err = NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, Installation(), APIKeyRef{Key: secret})
 		require.NoError(t, err)
 
 		// As if a refresh had started and failed: the entry keeps answering until it lapses.
@@ -128,7 +128,7 @@ func TestAPIKeyLookupsAreShared(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		a := NewAuth(b.db, nil)
-		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("shared-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, Installation(), uniqueName("shared-"), "", "")
 		require.NoError(t, err)
 		h := hashSecret(secret)
 
@@ -196,7 +196,7 @@ func TestAPIKeyRevokedHereIsNotCachedAgain(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		a := NewAuth(b.db, nil)
-		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, nil, uniqueName("gen-"), "", "")
+		secret, err := NewAccounts(b.db, nil, a).CreateAPIKey(bg, Installation(), uniqueName("gen-"), "", "")
 		require.NoError(t, err)
 		a.mu.Lock()
 		gen := a.gen

@@ -29,7 +29,7 @@ func TestAPIKeyCreateAndAuthenticate(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		tenant := uniqueName("acme-")
-		secret, err := b.accounts.CreateAPIKey(bg, nil, tenant, "billing service", "")
+		secret, err := b.accounts.CreateAPIKey(bg, Installation(), tenant, "billing service", "")
 		require.NoError(t, err)
 		require.True(t, strings.HasPrefix(secret, "idg_"), secret)
 		require.Len(t, secret, len("idg_")+43) // 256 random bits, base64url
@@ -49,7 +49,7 @@ func TestAPIKeyCreateAndAuthenticate(t *testing.T) {
 
 		// A second key of the same tenant joins it; a supplied secret is used as given.
 		supplied := uniqueName("supplied_Key-0123456789_") // 24-128 of [A-Za-z0-9_-]
-		got, err := b.accounts.CreateAPIKey(bg, nil, tenant, "", supplied)
+		got, err := b.accounts.CreateAPIKey(bg, Installation(), tenant, "", supplied)
 		require.NoError(t, err)
 		require.Equal(t, supplied, got)
 		p2, err := b.auth.Authenticate(bg, supplied)
@@ -77,7 +77,7 @@ func TestAPIKeyCreateAndAuthenticate(t *testing.T) {
 			"bad tenant":      {"no spaces allowed", "", ""},
 			"empty tenant":    {"", "", ""},
 		} {
-			_, err := b.accounts.CreateAPIKey(bg, nil, c[0], c[1], c[2])
+			_, err := b.accounts.CreateAPIKey(bg, Installation(), c[0], c[1], c[2])
 			require.ErrorIs(t, err, ErrInvalidRequest, name)
 		}
 		var after int64
@@ -108,15 +108,15 @@ func TestAPIKeyRevoke(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		tenant := uniqueName("revoke-")
-		secret, err := b.accounts.CreateAPIKey(bg, nil, tenant, "", "")
+		secret, err := b.accounts.CreateAPIKey(bg, Installation(), tenant, "", "")
 		require.NoError(t, err)
-		keep, err := b.accounts.CreateAPIKey(bg, nil, tenant, "", "")
+		keep, err := b.accounts.CreateAPIKey(bg, Installation(), tenant, "", "")
 		require.NoError(t, err)
 		_, err = b.auth.Authenticate(bg, secret) // now cached
 		require.NoError(t, err)
 
 		// Revoked by another instance, so this one's cache is not told.
-		n, err := NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, nil, APIKeyRef{Key: " " + secret[:12] + " "})
+		n, err := NewAccounts(b.db, nil, nil).RevokeAPIKey(bg, Installation(), APIKeyRef{Key: " " + secret[:12] + " "})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
 
@@ -141,15 +141,15 @@ func TestAPIKeyRevoke(t *testing.T) {
 		require.Equal(t, tenantID(t, b.db, tenant), p.TenantID)
 
 		// Revoking again, or an unknown key, is not found.
-		_, err = b.accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: secret[:12]})
+		_, err = b.accounts.RevokeAPIKey(bg, Installation(), APIKeyRef{Key: secret[:12]})
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: "idg_nosuchkey"})
+		_, err = b.accounts.RevokeAPIKey(bg, Installation(), APIKeyRef{Key: "idg_nosuchkey"})
 		require.ErrorIs(t, err, ErrNotFound)
-		_, err = b.accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: "  "})
+		_, err = b.accounts.RevokeAPIKey(bg, Installation(), APIKeyRef{Key: "  "})
 		require.ErrorIs(t, err, ErrNotFound)
 
 		// Revoking by the full secret works too.
-		n, err = b.accounts.RevokeAPIKey(bg, nil, APIKeyRef{Key: keep})
+		n, err = b.accounts.RevokeAPIKey(bg, Installation(), APIKeyRef{Key: keep})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
 		_, err = NewAuth(b.db, nil).Authenticate(bg, keep)
@@ -161,17 +161,17 @@ func TestCreateOperatorAndLogin(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		tenant := uniqueName("ops-")
-		_, err := b.accounts.CreateAPIKey(bg, nil, tenant, "", "") // creates the tenant
+		_, err := b.accounts.CreateAPIKey(bg, Installation(), tenant, "", "") // creates the tenant
 		require.NoError(t, err)
 		global, restricted := uniqueName("alice-"), uniqueName("bob-")
 		const pw = "correct horse battery"
 
-		acc, err := b.accounts.CreateOperator(bg, nil, global, pw, RoleAdmin, "")
+		acc, err := b.accounts.CreateOperator(bg, Installation(), global, pw, RoleAdmin, "")
 		require.NoError(t, err)
 		require.Equal(t, global, acc.Username)
 		require.Equal(t, RoleAdmin, acc.Role)
 		require.Nil(t, acc.TenantID)
-		acc2, err := b.accounts.CreateOperator(bg, nil, restricted, pw, RoleAuditor, tenant)
+		acc2, err := b.accounts.CreateOperator(bg, Installation(), restricted, pw, RoleAuditor, tenant)
 		require.NoError(t, err)
 		require.Equal(t, tenantID(t, b.db, tenant), deref(acc2.TenantID))
 
@@ -197,7 +197,7 @@ func TestCreateOperatorAndLogin(t *testing.T) {
 			if tc.username != global {
 				refused = append(refused, tc.username)
 			}
-			_, err := b.accounts.CreateOperator(bg, nil, tc.username, tc.password, tc.role, tc.tenant)
+			_, err := b.accounts.CreateOperator(bg, Installation(), tc.username, tc.password, tc.role, tc.tenant)
 			require.ErrorIs(t, err, ErrInvalidRequest, tc.name)
 			var de *Error
 			require.ErrorAs(t, err, &de)

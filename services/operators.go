@@ -52,7 +52,7 @@ type OperatorInfo struct {
 
 // CreateOperator creates a dashboard account (docs/reference.md §7 "operator create"). role is
 // admin, operator or auditor; tenant "" makes a global account, otherwise the tenant must
-// exist. by is the acting account, nil for the installation (see Accounts); an account must be
+// exist. by is the acting account, Installation() for the installation (see Accounts); an account must be
 // a global admin, and the new account is logged under its username. Errors: ErrUnauthorized,
 // ErrInvalidRequest (bad username, role, short password, unknown tenant, taken username),
 // ErrStoreUnavailable.
@@ -97,7 +97,7 @@ func (ac *Accounts) CreateOperator(ctx context.Context, by *OperatorAccount, use
 	if err != nil {
 		return nil, storeError("create operator", err)
 	}
-	if by != nil {
+	if by != installation {
 		ac.log.InfoContext(ctx, "operator created", "by", by.Username, "username", op.Username, "role", op.Role)
 	}
 	return &OperatorAccount{ID: op.ID, Username: op.Username, Role: op.Role, TenantID: op.TenantID}, nil

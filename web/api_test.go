@@ -33,7 +33,7 @@ func newTenantClient(t *testing.T, s *Server) *apiClient {
 	t.Helper()
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
-	secret, err := s.accounts.CreateAPIKey(context.Background(), nil, "tenant-"+hex.EncodeToString(b), "test", "")
+	secret, err := s.accounts.CreateAPIKey(context.Background(), services.Installation(), "tenant-"+hex.EncodeToString(b), "test", "")
 	require.NoError(t, err)
 	return &apiClient{t: t, s: s, key: secret}
 }
@@ -210,7 +210,7 @@ func TestAPIAuth(t *testing.T) {
 		problemOf(t, bad.do("GET", "/v1/keys", nil), 401, "unauthorized")
 
 		require.Equal(t, 201, acquire(c, "before-revoke", nil).status)
-		_, err := s.accounts.RevokeAPIKey(context.Background(), nil, services.APIKeyRef{Key: c.key})
+		_, err := s.accounts.RevokeAPIKey(context.Background(), services.Installation(), services.APIKeyRef{Key: c.key})
 		require.NoError(t, err)
 		deadline := time.Now().Add(5 * time.Second)
 		for i := 0; ; i++ {

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,9 +17,9 @@ func twoKeysOfOneTenant(t *testing.T, s *Server) (*apiClient, *apiClient) {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	tenant := "tenant-" + hex.EncodeToString(b)
-	ka, err := s.accounts.CreateAPIKey(context.Background(), nil, tenant, "a", "")
+	ka, err := s.accounts.CreateAPIKey(context.Background(), services.Installation(), tenant, "a", "")
 	require.NoError(t, err)
-	kb, err := s.accounts.CreateAPIKey(context.Background(), nil, tenant, "b", "")
+	kb, err := s.accounts.CreateAPIKey(context.Background(), services.Installation(), tenant, "b", "")
 	require.NoError(t, err)
 	return &apiClient{t: t, s: s, key: ka}, &apiClient{t: t, s: s, key: kb}
 }

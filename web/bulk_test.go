@@ -22,7 +22,7 @@ import (
 func TestReconciliationsAPI(t *testing.T) {
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
 		ctx := context.Background()
-		secret, err := f.s.accounts.CreateAPIKey(ctx, nil, f.tenantA, "bulk", "")
+		secret, err := f.s.accounts.CreateAPIKey(ctx, services.Installation(), f.tenantA, "bulk", "")
 		require.NoError(t, err)
 		api := &apiClient{t: t, s: f.s, key: secret}
 		p, err := f.s.auth.Authenticate(ctx, secret)
@@ -93,7 +93,7 @@ func TestReconciliationsAPI(t *testing.T) {
 // answers 201, the others 200, all with the same results, and each operation has one event.
 func TestReconciliationsAPIConcurrent(t *testing.T) {
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
-		secret, err := f.s.accounts.CreateAPIKey(context.Background(), nil, f.tenantA, "bulk-c", "")
+		secret, err := f.s.accounts.CreateAPIKey(context.Background(), services.Installation(), f.tenantA, "bulk-c", "")
 		require.NoError(t, err)
 		var ids []string
 		for i := range 5 {

@@ -178,7 +178,7 @@ func dashTenant(t *testing.T, s *Server) (string, services.Principal) {
 	t.Helper()
 	ctx := context.Background()
 	name := "dash-tenant-" + dashRandom()
-	secret, err := s.accounts.CreateAPIKey(ctx, nil, name, "dashboard test", "")
+	secret, err := s.accounts.CreateAPIKey(ctx, services.Installation(), name, "dashboard test", "")
 	require.NoError(t, err)
 	p, err := s.auth.Authenticate(ctx, secret)
 	require.NoError(t, err)

@@ -73,7 +73,7 @@ func eachExportDialect(t *testing.T, rows int, tweak func(*Config), fn func(t *t
 			})
 			base := "http://" + ln.Addr().String()
 			_, p := dashTenant(t, s)
-			secret, err := s.accounts.CreateAPIKey(ctx, nil, "acquirer-"+dashRandom(), "export test", "")
+			secret, err := s.accounts.CreateAPIKey(ctx, services.Installation(), "acquirer-"+dashRandom(), "export test", "")
 			require.NoError(t, err)
 			now := time.Now().UTC().Truncate(time.Microsecond)
 			batch := make([]models.Attempt, 0, rows)

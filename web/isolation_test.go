@@ -82,7 +82,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 
 		ids := []string{w.held.OperationID, w.uncertain, otherOp.OperationID}
 
-		secretA, err := f.s.accounts.CreateAPIKey(ctx, nil, f.tenantA, "isolation", "")
+		secretA, err := f.s.accounts.CreateAPIKey(ctx, services.Installation(), f.tenantA, "isolation", "")
 		require.NoError(t, err)
 		api := &apiClient{t: t, s: f.s, key: secretA}
 		op := newDashBrowser(t, f.s)

@@ -214,7 +214,7 @@ func TestEveryLogLineCarriesTheRequestID(t *testing.T) {
 		// A store error inside services: a server whose database is closed under it.
 		closing := closedLater(t, db.Dialect)
 		broken, blc := newCapturingServer(t, closing)
-		secret, err := broken.accounts.CreateAPIKey(ctx, nil, "broken-"+dashRandom(), "x", "")
+		secret, err := broken.accounts.CreateAPIKey(ctx, services.Installation(), "broken-"+dashRandom(), "x", "")
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, send(t, broken, blc, jsonRequest("GET", "/v1/keys", "", secret)).status)
 		// That request records the key's use in the background; let it finish first, or it
@@ -224,6 +224,12 @@ func TestEveryLogLineCarriesTheRequestID(t *testing.T) {
 			err := closing.Model(&models.APIKey{}).Where("prefix = ? AND last_used_at IS NOT NULL", secret[:12]).Count(&n).Error
 			return err == nil && n == 1
 		}, 5*time.Second, 10*time.Millisecond)
+		// The server's Awaiter checks its LISTEN connection with a notification sent through
+		// the pool; closed mid-check, that fails and logs (without a request id) during the
+		// next request. Once it listens, its connection is its own.
+		if db.Dialect == models.Postgres {
+			require.Eventually(t, broken.awaiter.Listening, 10*time.Second, 10*time.Millisecond)
+		}
 		require.NoError(t, closing.Close())
 		// The API key stays cached for a second, so the request gets as far as the acquire.
 		r = send(t, broken, blc, jsonRequest("POST", "/v1/acquire", `{"key":"k","ttl_seconds":60}`, secret))

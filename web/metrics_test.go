@@ -82,7 +82,7 @@ func (sc scrape) value(t *testing.T, name string) float64 {
 // namedTenantClient creates tenant name with an API key on s.
 func namedTenantClient(t *testing.T, s *Server, name string) *apiClient {
 	t.Helper()
-	secret, err := s.accounts.CreateAPIKey(context.Background(), nil, name, "metrics test", "")
+	secret, err := s.accounts.CreateAPIKey(context.Background(), services.Installation(), name, "metrics test", "")
 	require.NoError(t, err)
 	return &apiClient{t: t, s: s, key: secret}
 }

@@ -51,7 +51,7 @@ func newParamSweepWorld(t *testing.T, db *models.DB) *paramSweepWorld {
 	s := New(testConfig(t, db, slog.New(slog.DiscardHandler)))
 	w := &paramSweepWorld{s: s}
 	tenant := "sweep-" + dashRandom()
-	secret, err := s.accounts.CreateAPIKey(ctx, nil, tenant, "sweep", "")
+	secret, err := s.accounts.CreateAPIKey(ctx, services.Installation(), tenant, "sweep", "")
 	require.NoError(t, err)
 	w.api = &apiClient{t: t, s: s, key: secret}
 	p, err := s.auth.Authenticate(ctx, secret)

@@ -70,7 +70,7 @@ func apiQueue(t *testing.T, api *apiClient) []string {
 func TestReconciliationQueueAgrees(t *testing.T) {
 	dashEachDB(t, func(t *testing.T, f *dashFixture) {
 		ctx := context.Background()
-		secret, err := f.s.accounts.CreateAPIKey(ctx, nil, f.tenantA, "queue", "")
+		secret, err := f.s.accounts.CreateAPIKey(ctx, services.Installation(), f.tenantA, "queue", "")
 		require.NoError(t, err)
 		api := &apiClient{t: t, s: f.s, key: secret}
 		b := newDashBrowser(t, f.s)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web/logging"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -60,7 +61,7 @@ func benchAcquireHTTP(b *testing.B, db *models.DB, tp trace.TracerProvider) {
 	cfg := testConfig(b, traced, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	cfg.TracerProvider = tp
 	s := New(cfg)
-	apiKey, err := s.accounts.CreateAPIKey(context.Background(), nil, "bench-"+dashRandom(), "bench", "")
+	apiKey, err := s.accounts.CreateAPIKey(context.Background(), services.Installation(), "bench-"+dashRandom(), "bench", "")
 	require.NoError(b, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)

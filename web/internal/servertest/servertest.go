@@ -112,7 +112,7 @@ func (s *Server) NewAPIKey(tb testing.TB) string {
 func (s *Server) createAPIKey() (string, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return s.Accounts.CreateAPIKey(context.Background(), nil, "t-"+hex.EncodeToString(b), "test", "")
+	return s.Accounts.CreateAPIKey(context.Background(), services.Installation(), "t-"+hex.EncodeToString(b), "test", "")
 }
 
 // OpenThrough opens a second connection pool to the PostgreSQL database at pgURL through a
