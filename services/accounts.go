@@ -333,26 +333,16 @@ func (ac *Accounts) ListAPIKeys(ctx context.Context, by *OperatorAccount) ([]API
 	if err := requireGlobalAdmin(by); err != nil {
 		return nil, err
 	}
-	var rows []struct {
-		ID         int64
-		Prefix     string
-		Tenant     string
-		Label      string
-		CreatedAt  time.Time
-		LastUsedAt *time.Time
-		RevokedAt  *time.Time
-	}
+	var out []APIKeyInfo
 	err := ac.db.WithContext(ctx).Table("api_keys AS k").
 		Select("k.id, k.prefix, t.name AS tenant, k.label, k.created_at, k.last_used_at, k.revoked_at").
 		Joins("JOIN tenants t ON t.id = k.tenant_id").
-		Order("k.created_at DESC, k.id DESC").Limit(maxAdminRows).Scan(&rows).Error
+		Order("k.created_at DESC, k.id DESC").Limit(maxAdminRows).Scan(&out).Error
 	if err != nil {
 		return nil, storeError("list API keys", err)
 	}
-	out := make([]APIKeyInfo, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, APIKeyInfo{ID: r.ID, Prefix: r.Prefix, Tenant: r.Tenant, Label: r.Label,
-			CreatedAt: r.CreatedAt.UTC(), LastUsedAt: utcPtr(r.LastUsedAt), RevokedAt: utcPtr(r.RevokedAt)})
+	for i := range out {
+		out[i].CreatedAt, out[i].LastUsedAt, out[i].RevokedAt = out[i].CreatedAt.UTC(), utcPtr(out[i].LastUsedAt), utcPtr(out[i].RevokedAt)
 	}
 	return out, nil
 }
