@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"os"
@@ -12,38 +11,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
 
-// syncBuffer is a bytes.Buffer that serve's logger and the test may use at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startServe runs `idemgate serve` in process on a port the kernel picks, waits until it logs
 // that it listens, and returns its log and a function that stops it and returns its error.
-func startServe(t *testing.T, vars map[string]string) (*syncBuffer, func() error) {
+func startServe(t *testing.T, vars map[string]string) (*testkit.Log, func() error) {
 	t.Helper()
 	v := map[string]string{"IDEMGATE_ADDR": "127.0.0.1:0"}
 	for k, val := range vars {
 		v[k] = val
 	}
-	log := &syncBuffer{}
+	log := &testkit.Log{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
