@@ -133,15 +133,11 @@ func serve(ctx context.Context, env Env) error {
 			"Create a key with: idemgate apikey create --tenant NAME", "variable", "IDEMGATE_BOOTSTRAP_API_KEY")
 	}
 
-	sqlDB, err := db.SQL()
-	if err != nil {
-		return err
-	}
 	awaitCtx, stopAwait := context.WithCancel(context.Background())
 	defer stopAwait()
 	go svc.Awaiter.Run(awaitCtx)
 	srv := web.New(web.Config{
-		Services: svc, Log: log, DB: sqlDB, Pool: db.Pool, SecureCookies: cfg.SecureCookies,
+		Services: svc, Log: log, SecureCookies: cfg.SecureCookies,
 		MetricsToken: cfg.MetricsToken, StoreTimeout: cfg.StoreTimeout,
 		TracerProvider: tel.TracerProvider, TraceKeys: tel.TraceKeys,
 	})

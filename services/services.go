@@ -37,6 +37,8 @@ type Services struct {
 	Reaper *Reaper
 	// Dispatcher delivers webhooks when its Run is running; nil unless Options.Dispatch.
 	Dispatcher *Dispatcher
+	// Database pings the database and reads its connection pool's counters (/readyz, /metrics).
+	Database *Database
 }
 
 // Options is what differs between the processes and tests that build Services. The zero value
@@ -97,6 +99,7 @@ func New(db *models.DB, log *slog.Logger, opts Options) *Services {
 		Webhooks:       NewWebhooks(db, log, opts.WebhookAllowPrivate),
 		Awaiter:        NewAwaiter(db, AwaiterConfig{MaxWaiters: opts.MaxWaiters, ListenURL: opts.ListenURL, Log: log}),
 		Reaper:         NewReaper(db, log, opts.Retention),
+		Database:       NewDatabase(db),
 	}
 	if opts.Dispatch {
 		s.Dispatcher = NewDispatcher(db, log, DispatcherConfig{Poll: opts.WebhookPoll, Timeout: opts.WebhookTimeout,

@@ -35,10 +35,6 @@ func newLoggingTestServer(t *testing.T, db *models.DB, log *slog.Logger) *Server
 // testConfig is the Config of newTestServer, for tests that change a field of it.
 func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 	t.Helper()
-	sqlDB, err := db.SQL()
-	if err != nil {
-		t.Fatalf("sql DB: %v", err)
-	}
 	svc := services.New(db, log, services.Options{GroupAdmission: true})
 	ctx, stop := context.WithCancel(context.Background())
 	go svc.Awaiter.Run(ctx)
@@ -46,8 +42,6 @@ func testConfig(t testing.TB, db *models.DB, log *slog.Logger) Config {
 	return Config{
 		Services: svc,
 		Log:      log,
-		DB:       sqlDB,
-		Pool:     db.Pool,
 		// The deadline bounds each whole request, CPU work such as bcrypt included; under -race
 		// on shared cores that alone can take seconds. Tests of the deadline set their own.
 		StoreTimeout: 30 * time.Second,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"database/sql"
 	"log/slog"
 	"strings"
 	"sync"
@@ -12,9 +11,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/idemgate/idemgate/services"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics are the Prometheus series this package records (exposed at GET /metrics). The
@@ -156,43 +153,38 @@ func metricsGuard(token string) fiber.Handler {
 	}
 }
 
-// registerDBStats exports the database/sql pool statistics of stats under go_sql_* (SQLite:
-// there database/sql's pool is the real one).
-func registerDBStats(reg prometheus.Registerer, stats *sql.DB) {
-	reg.MustRegister(collectors.NewDBStatsCollector(stats, "idemgate"))
-}
-
-// poolCollector exports pgxpool.Stat of the PostgreSQL pool that every query borrows from
-// (GORM's database/sql handle sits on top of it, so database/sql's own statistics would
-// describe the wrong pool). It is written here rather than taken from
+// poolCollector exports the connection pool every query borrows from (services.PoolStats:
+// pgxpool's on PostgreSQL, database/sql's on SQLite), one family for both databases so the
+// dashboards read the same series. It is written here rather than taken from
 // github.com/IBM/pgxpoolprometheus because that one's names break Prometheus conventions
-// (counters without _total, durations in nanoseconds). Stat() only reads the pool's counters
-// under its lock: a scrape costs microseconds and never touches the database.
+// (counters without _total, durations in nanoseconds) and it reads pgx alone. PoolStats only
+// reads the pool's counters under its lock: a scrape costs microseconds and never touches the
+// database.
 type poolCollector struct {
-	pool *pgxpool.Pool
+	stats func() services.PoolStats
 
 	acquired, idle, constructing, total, max                     *prometheus.Desc
 	acquires, acquireSeconds, emptyAcquires, emptyWaitSeconds    *prometheus.Desc
 	canceledAcquires, newConns, lifetimeDestroyed, idleDestroyed *prometheus.Desc
 }
 
-func newPoolCollector(pool *pgxpool.Pool) *poolCollector {
+func newPoolCollector(stats func() services.PoolStats) *poolCollector {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("idemgate_db_pool_"+name, help, nil, nil)
 	}
 	return &poolCollector{
-		pool:              pool,
-		acquired:          d("acquired_connections", "Connections of the PostgreSQL pool in use now."),
-		idle:              d("idle_connections", "Idle connections of the PostgreSQL pool now."),
-		constructing:      d("constructing_connections", "Connections of the PostgreSQL pool being opened now."),
-		total:             d("total_connections", "Connections of the PostgreSQL pool now: acquired + idle + constructing."),
-		max:               d("max_connections", "Largest size of the PostgreSQL pool (IDEMGATE_DB_MAX_CONNS)."),
-		acquires:          d("acquires_total", "Connections acquired from the PostgreSQL pool."),
-		acquireSeconds:    d("acquire_duration_seconds_total", "Time spent acquiring connections from the PostgreSQL pool, in seconds."),
-		emptyAcquires:     d("empty_acquires_total", "Acquires that had to wait for a connection because the PostgreSQL pool was empty."),
-		emptyWaitSeconds:  d("empty_acquire_wait_seconds_total", "Time acquires waited because the PostgreSQL pool was empty, in seconds."),
-		canceledAcquires:  d("canceled_acquires_total", "Acquires from the PostgreSQL pool given up because their context ended."),
-		newConns:          d("new_connections_total", "Connections the PostgreSQL pool opened."),
+		stats:             stats,
+		acquired:          d("acquired_connections", "Connections of the database pool in use now."),
+		idle:              d("idle_connections", "Idle connections of the database pool now."),
+		constructing:      d("constructing_connections", "Connections of the database pool being opened now (always 0 on SQLite)."),
+		total:             d("total_connections", "Connections of the database pool now: acquired + idle + constructing."),
+		max:               d("max_connections", "Largest size of the database pool (IDEMGATE_DB_MAX_CONNS; 0 is unlimited)."),
+		acquires:          d("acquires_total", "Connections acquired from the database pool (PostgreSQL only; 0 on SQLite)."),
+		acquireSeconds:    d("acquire_duration_seconds_total", "Time spent acquiring connections from the database pool, in seconds (PostgreSQL only)."),
+		emptyAcquires:     d("empty_acquires_total", "Acquires that had to wait for a connection because the database pool was empty."),
+		emptyWaitSeconds:  d("empty_acquire_wait_seconds_total", "Time acquires waited because the database pool was empty, in seconds."),
+		canceledAcquires:  d("canceled_acquires_total", "Acquires from the database pool given up because their context ended (PostgreSQL only)."),
+		newConns:          d("new_connections_total", "Connections the database pool opened (PostgreSQL only)."),
 		lifetimeDestroyed: d("max_lifetime_destroyed_connections_total", "Connections closed for exceeding their maximum lifetime."),
 		idleDestroyed:     d("max_idle_destroyed_connections_total", "Connections closed for being idle too long (5 minutes)."),
 	}
@@ -209,24 +201,24 @@ func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the pool's statistics once and sends them (prometheus.Collector).
 func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
-	s := p.pool.Stat()
+	s := p.stats()
 	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
 	c := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
-	g(p.acquired, float64(s.AcquiredConns()))
-	g(p.idle, float64(s.IdleConns()))
-	g(p.constructing, float64(s.ConstructingConns()))
-	g(p.total, float64(s.TotalConns()))
-	g(p.max, float64(s.MaxConns()))
-	c(p.acquires, float64(s.AcquireCount()))
-	c(p.acquireSeconds, s.AcquireDuration().Seconds())
-	c(p.emptyAcquires, float64(s.EmptyAcquireCount()))
-	c(p.emptyWaitSeconds, s.EmptyAcquireWaitTime().Seconds())
-	c(p.canceledAcquires, float64(s.CanceledAcquireCount()))
-	c(p.newConns, float64(s.NewConnsCount()))
-	c(p.lifetimeDestroyed, float64(s.MaxLifetimeDestroyCount()))
-	c(p.idleDestroyed, float64(s.MaxIdleDestroyCount()))
+	g(p.acquired, float64(s.Acquired))
+	g(p.idle, float64(s.Idle))
+	g(p.constructing, float64(s.Constructing))
+	g(p.total, float64(s.Total))
+	g(p.max, float64(s.Max))
+	c(p.acquires, float64(s.Acquires))
+	c(p.acquireSeconds, s.AcquireDuration.Seconds())
+	c(p.emptyAcquires, float64(s.EmptyAcquires))
+	c(p.emptyWaitSeconds, s.EmptyWait.Seconds())
+	c(p.canceledAcquires, float64(s.CanceledAcquires))
+	c(p.newConns, float64(s.NewConns))
+	c(p.lifetimeDestroyed, float64(s.LifetimeDestroyed))
+	c(p.idleDestroyed, float64(s.IdleDestroyed))
 }
 
 // Bounds of the reconciliation collector's database query.

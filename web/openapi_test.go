@@ -2,7 +2,6 @@ package web
 
 import (
 	"bytes"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -19,6 +17,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
@@ -439,12 +438,10 @@ func TestOpenAPIServed(t *testing.T) {
 // 503 store_unavailable with Retry-After.
 func TestReadyzUnavailableMatchesContract(t *testing.T) {
 	t.Parallel()
-	db := dbs.SQLite
 	log := slog.New(slog.DiscardHandler)
-	gone, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "gone.db"))
-	require.NoError(t, err)
+	gone := closedLater(t, models.SQLite)
+	s := New(Config{Services: services.New(gone, log, services.Options{}), Log: log})
 	require.NoError(t, gone.Close())
-	s := New(Config{Services: services.New(db, log, services.Options{}), Log: log, DB: gone})
 	res := problemOf(t, (&apiClient{t: t, s: s}).do("GET", "/readyz", nil), http.StatusServiceUnavailable, services.CodeStoreUnavailable)
 	require.NotEmpty(t, res.header.Get("Retry-After"))
 }

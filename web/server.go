@@ -2,7 +2,6 @@ package web
 
 import (
 	"context"
-	"database/sql"
 	"log/slog"
 	"net"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/session"
 	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web/telemetry"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -42,12 +40,6 @@ type Config struct {
 	// Log is where requests are logged: one access line each, and errors. Wrap its handler
 	// with logging.NewHandler so every line logged during a request carries its request_id.
 	Log *slog.Logger
-	// DB is pinged by /readyz. On SQLite (Pool nil) its pool statistics are exported as
-	// go_sql_*.
-	DB *sql.DB
-	// Pool is the PostgreSQL connection pool under DB (models.DB.Pool), nil on SQLite. Its
-	// statistics are exported as idemgate_db_pool_*.
-	Pool *pgxpool.Pool
 	// MetricsToken, when not empty, is the bearer token GET /metrics requires: the metrics name
 	// tenants and their volumes, and docs/reference.md §4 leaves the endpoint unauthenticated by default.
 	MetricsToken string
@@ -79,16 +71,14 @@ type Config struct {
 }
 
 // exportSlots is Config.MaxConcurrentExports or its default: a quarter of the pool's
-// connections (PostgreSQL's MaxConns, else database/sql's limit; 8 when unlimited), at least 1.
+// connections (services.Database.MaxConns; 8 when unlimited), at least 1.
 func exportSlots(cfg Config) int {
 	if cfg.MaxConcurrentExports > 0 {
 		return cfg.MaxConcurrentExports
 	}
-	pool := 8
-	if cfg.Pool != nil {
-		pool = int(cfg.Pool.Config().MaxConns)
-	} else if cfg.DB != nil && cfg.DB.Stats().MaxOpenConnections > 0 {
-		pool = cfg.DB.Stats().MaxOpenConnections
+	pool := cfg.Database.MaxConns()
+	if pool <= 0 {
+		pool = 8
 	}
 	return max(1, pool/4)
 }
@@ -115,7 +105,7 @@ type Server struct {
 	audit    *services.Audit
 	auth     *services.Auth
 	accounts *services.Accounts
-	db       *sql.DB
+	db       *services.Database
 	sessions *session.Store
 	metrics  *metrics
 	// obs reports the services' decisions to metrics and to request spans (observer.go).
@@ -142,12 +132,12 @@ func New(cfg Config) *Server {
 	}
 	for name, missing := range map[string]bool{"Admission": cfg.Admission == nil, "Reads": cfg.Reads == nil,
 		"Reconciliation": cfg.Reconciliation == nil, "Dashboard": cfg.Dashboard == nil, "Audit": cfg.Audit == nil,
-		"Auth": cfg.Auth == nil, "Accounts": cfg.Accounts == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
+		"Auth": cfg.Auth == nil, "Accounts": cfg.Accounts == nil, "Database": cfg.Database == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
 		if missing {
 			panic("web.New: Config." + name + " is required")
 		}
 	}
-	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.DB, secure: cfg.SecureCookies,
+	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.Database, secure: cfg.SecureCookies,
 		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
@@ -171,11 +161,7 @@ func New(cfg Config) *Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg)
-	if cfg.Pool != nil {
-		reg.MustRegister(newPoolCollector(cfg.Pool))
-	} else if cfg.DB != nil {
-		registerDBStats(reg, cfg.DB)
-	}
+	reg.MustRegister(newPoolCollector(cfg.Database.PoolStats))
 	s.obs = &observer{metrics: s.metrics, traceKeys: cfg.TraceKeys}
 	s.adm = cfg.Admission.WithObserver(s.obs)
 	registerGroupStats(reg, s.adm.GroupStats)
@@ -244,8 +230,8 @@ func (s *Server) handleHealthz(c *fiber.Ctx) error {
 func (s *Server) handleReadyz(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Second)
 	defer cancel()
-	if err := s.db.PingContext(ctx); err != nil {
-		return services.ErrStoreUnavailable
+	if err := s.db.Ping(ctx); err != nil {
+		return err
 	}
 	return c.JSON(fiber.Map{"status": "ok"})
 }

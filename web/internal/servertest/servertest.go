@@ -56,12 +56,8 @@ func StartServer(db *models.DB) (*Server, func(), error) {
 	if os.Getenv("IDEMGATE_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	sqlDB, err := db.SQL()
-	if err != nil {
-		return nil, nil, err
-	}
 	svc := services.New(db, log, services.Options{})
-	srv := web.New(web.Config{Services: svc, Log: log, DB: sqlDB})
+	srv := web.New(web.Config{Services: svc, Log: log})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
