@@ -1,6 +1,7 @@
 package services
 
 import (
+	"slices"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
@@ -28,13 +29,23 @@ func holdIsLive(holder *string, expiresAt *time.Time, now time.Time) bool {
 // caller to run the effect twice.
 func answerOnLiveHold(h *models.Operation, in AcquireInput, apiKeyID int64) (result string, readmitted bool) {
 	switch {
-	case !sameOptional(h.OperationName, in.Operation) || !sameOptional(h.Fingerprint, in.Fingerprint):
+	case !sameRequest(h, in):
 		return ResultConflict, false
 	case in.AttemptID != nil && h.AttemptID != nil && *h.AttemptID == *in.AttemptID &&
 		h.APIKeyID != nil && *h.APIKeyID == apiKeyID && h.State == StateInProgress:
 		return ResultAdmitted, true
 	}
 	return ResultDuplicate, false
+}
+
+// sameRequest reports whether in asks for what operation h was admitted for: the same
+// operation name and the same fingerprint, absent on both counting as the same. An acquire of
+// a key held for another request is a conflict (422 fingerprint_mismatch), whichever path
+// answers it: a live hold (answerOnLiveHold) or a key held past its TTL until reconciled.
+// PostgreSQL's acquire functions state it as idemgate_same_request
+// (models/sql/postgres/idemgate_rules.sql).
+func sameRequest(h *models.Operation, in AcquireInput) bool {
+	return sameOptional(h.OperationName, in.Operation) && sameOptional(h.Fingerprint, in.Fingerprint)
 }
 
 // expiryReason is the reason an in_progress operation whose hold or lease ran out becomes
@@ -134,17 +145,17 @@ func answersOutcomeUncertain(op *Operation) bool {
 }
 
 // duplicateEffectStates are the states in which an operation's effect may have happened:
-// succeeded (confirmed) or uncertain (unknown). See mayDuplicateEffect.
+// succeeded (confirmed) or uncertain (unknown). Admitting its key again after such an
+// operation may duplicate its effect: acquire tells the new attempt about it
+// (previous_operation: check the destination first), the audit flags the admission as a
+// possible duplicate effect, and the operation page names the earlier operation. It is judged
+// by the earlier operation's state now: one later reconciled as failed flags nothing.
+// SQL states it as idemgate_may_duplicate_effect on PostgreSQL and as a state list in
+// SQLite's triggers; TestDuplicateEffectRule holds all of them to this one.
 var duplicateEffectStates = []string{StateSucceeded, StateUncertain}
 
-// mayDuplicateEffect reports whether admitting a key again after an operation in state may
-// duplicate that operation's effect. Acquire tells the new attempt about such a previous
-// operation (previous_operation: check the destination first), the audit flags the admission
-// as a possible duplicate effect, and the operation page names the earlier operation. It is
-// judged by the earlier operation's state now: one later reconciled as failed flags nothing.
-func mayDuplicateEffect(state string) bool {
-	return state == StateSucceeded || state == StateUncertain
-}
+// mayDuplicateEffect reports whether state is one of duplicateEffectStates.
+func mayDuplicateEffect(state string) bool { return slices.Contains(duplicateEffectStates, state) }
 
 // releasable says whether an operation in state may give up its hold: only when no effect is
 // confirmed or in doubt. Errors: ErrEffectConfirmed (succeeded), ErrOutcomeUncertain

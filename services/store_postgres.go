@@ -250,12 +250,7 @@ func (s *pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]d
 	for rows.Next() {
 		var ord int32
 		var row acquireRow
-		if err := rows.Scan(&ord, &row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
-			&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
-			&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
-			&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
-			&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
-			&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry); err != nil {
+		if err := rows.Scan(append([]any{&ord}, row.dest()...)...); err != nil {
 			return nil, err
 		}
 		if ord < 1 || int(ord) > n {
@@ -308,13 +303,19 @@ func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, lockTimeout st
 	}
 	return s.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
 		in.CorrelationID, jsonArg(a.meta), in.AttemptID, p.Prefix, a.opID, a.ownerHash, p.APIKeyID, lt,
-		in.leaseSeconds(), in.onExpiry()).Scan(
-		&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
+		in.leaseSeconds(), in.onExpiry()).Scan(row.dest()...)
+}
+
+// dest is the scan destinations of row's fields in the column order of the idemgate_acquire
+// function's result, which acquireSQL's first branch and idemgate_acquire_batch (after its
+// item number) return too.
+func (row *acquireRow) dest() []any {
+	return []any{&row.Result, &row.Readmitted, &row.DBNow, &row.PrevID, &row.PrevState, &row.PrevFencingToken,
 		&row.PrevOutcomeStatus, &row.PrevOutcomeReceipt, &row.OpID, &row.OpKey, &row.OpOperationName, &row.OpFingerprint,
 		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
 		&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
 		&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
-		&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry)
+		&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry}
 }
 
 // acquireRow is the row acquireSQL returns, in the column order of the idemgate_acquire

@@ -153,7 +153,7 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			}
 			d.result = ResultDuplicate
 			update := map[string]any{"duplicate_attempts": gorm.Expr("duplicate_attempts + 1")}
-			if !sameOptional(h.OperationName, in.Operation) || !sameOptional(h.Fingerprint, in.Fingerprint) {
+			if !sameRequest(&h, in) {
 				d.result = ResultConflict
 				update = map[string]any{"conflict_attempts": gorm.Expr("conflict_attempts + 1")}
 			}

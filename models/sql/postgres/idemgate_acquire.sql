@@ -84,8 +84,7 @@ BEGIN
         VALUES (v_h.id, p_tenant_id, 'state_changed', 'system',
                 'in_progress -> uncertain: lease_expired_without_outcome', v_now);
       END IF;
-      IF v_h.operation_name IS NOT DISTINCT FROM p_operation_name
-         AND v_h.fingerprint IS NOT DISTINCT FROM p_fingerprint THEN
+      IF idemgate_same_request(v_h.operation_name, v_h.fingerprint, p_operation_name, p_fingerprint) THEN
         IF p_attempt_id IS NOT NULL AND v_h.attempt_id = p_attempt_id
            AND v_h.api_key_id = p_api_key_id AND v_h.state = 'in_progress' THEN
           -- The creating API key's retry while the effect may still run (services/rules.go).
@@ -141,8 +140,7 @@ BEGIN
       END IF;
       v_h := v_prev;
       v_prev := NULL;
-      IF v_h.operation_name IS NOT DISTINCT FROM p_operation_name
-         AND v_h.fingerprint IS NOT DISTINCT FROM p_fingerprint THEN
+      IF idemgate_same_request(v_h.operation_name, v_h.fingerprint, p_operation_name, p_fingerprint) THEN
         v_result := 'duplicate';
       ELSE
         v_result := 'conflict';

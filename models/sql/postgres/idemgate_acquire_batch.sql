@@ -144,8 +144,8 @@ BEGIN
     END IF;
   END LOOP;
   SELECT array_agg(r.x_i ORDER BY r.x_i),
-         array_agg(CASE WHEN o.operation_name IS NOT DISTINCT FROM p_operation_names[r.x_i]
-                         AND o.fingerprint IS NOT DISTINCT FROM p_fingerprints[r.x_i]
+         array_agg(CASE WHEN idemgate_same_request(o.operation_name, o.fingerprint,
+                                                   p_operation_names[r.x_i], p_fingerprints[r.x_i])
                         THEN 'duplicate' ELSE 'conflict' END ORDER BY r.x_i),
          array_agg(o ORDER BY r.x_i)
     INTO v_dup_i, v_dup_r, v_dup_o
@@ -154,8 +154,8 @@ BEGIN
    WHERE NOT (r.x_i = ANY (v_first))
      AND NOT (p_attempt_ids[r.x_i] IS NOT NULL AND o.attempt_id = p_attempt_ids[r.x_i]
               AND o.api_key_id = p_api_key_ids[r.x_i] AND o.state = 'in_progress'
-              AND o.operation_name IS NOT DISTINCT FROM p_operation_names[r.x_i]
-              AND o.fingerprint IS NOT DISTINCT FROM p_fingerprints[r.x_i]);
+              AND idemgate_same_request(o.operation_name, o.fingerprint,
+                                        p_operation_names[r.x_i], p_fingerprints[r.x_i]));
   IF v_dup_i IS NOT NULL THEN
     INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name,
                           fingerprint, correlation_id, caller, attempted_at)

@@ -8,7 +8,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
   NEW.possible_duplicate_effect := EXISTS (
     SELECT 1 FROM operations e WHERE e.key_id = NEW.key_id AND e.fencing_token < NEW.fencing_token
-       AND e.state IN ('succeeded', 'uncertain'));
+       AND idemgate_may_duplicate_effect(e.state));
   RETURN NEW;
 END $$;
 

@@ -14,10 +14,10 @@ BEGIN
    WHERE l.key_id = NEW.key_id AND l.fencing_token > NEW.fencing_token
      AND l.possible_duplicate_effect <> EXISTS (
            SELECT 1 FROM operations e WHERE e.key_id = l.key_id AND e.fencing_token < l.fencing_token
-              AND e.state IN ('succeeded', 'uncertain'));
+              AND idemgate_may_duplicate_effect(e.state));
   RETURN NULL;
 END $$;
 
 CREATE OR REPLACE TRIGGER operations_reflag_later AFTER UPDATE OF state ON operations
-  FOR EACH ROW WHEN ((OLD.state IN ('succeeded', 'uncertain')) IS DISTINCT FROM (NEW.state IN ('succeeded', 'uncertain')))
+  FOR EACH ROW WHEN (idemgate_may_duplicate_effect(OLD.state) <> idemgate_may_duplicate_effect(NEW.state))
   EXECUTE FUNCTION idemgate_reflag_later_operations();

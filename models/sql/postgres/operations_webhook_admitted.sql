@@ -15,7 +15,7 @@ BEGIN
   END IF;
   SELECT * INTO v_prev FROM operations o
    WHERE o.key_id = NEW.key_id AND o.fencing_token = NEW.fencing_token - 1;
-  IF NOT FOUND OR v_prev.state NOT IN ('succeeded', 'uncertain') THEN
+  IF NOT FOUND OR NOT idemgate_may_duplicate_effect(v_prev.state) THEN
     RETURN NULL;
   END IF;
   INSERT INTO webhook_events (msg_id, tenant_id, endpoint_id, event_type, operation_id, occurred_at,

@@ -3,6 +3,10 @@
 -- transaction. The key's generations are found by (tenant_id, key): the UNIQUE (tenant_id,
 -- key, fencing_token) serves it, and it does not depend on which AFTER INSERT trigger
 -- (this one or operations_key_id) runs first.
+-- SQLite has no functions written in SQL (one registered from Go would break every other tool
+-- that opens the file), so the state list of ../postgres/idemgate_rules.sql's
+-- idemgate_may_duplicate_effect is written out here; TestDuplicateEffectRule holds it to
+-- services/rules.go's duplicateEffectStates.
 
 DROP TRIGGER IF EXISTS operations_possible_duplicate;
 CREATE TRIGGER operations_possible_duplicate AFTER INSERT ON operations

@@ -1,4 +1,8 @@
 -- SQLite twin of ../postgres/operations_reflag_later.sql.
+-- SQLite has no functions written in SQL (one registered from Go would break every other tool
+-- that opens the file), so the state list of ../postgres/idemgate_rules.sql's
+-- idemgate_may_duplicate_effect is written out here; TestDuplicateEffectRule holds it to
+-- services/rules.go's duplicateEffectStates.
 
 DROP TRIGGER IF EXISTS operations_reflag_later;
 CREATE TRIGGER operations_reflag_later AFTER UPDATE OF state ON operations

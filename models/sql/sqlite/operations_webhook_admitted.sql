@@ -1,5 +1,9 @@
 -- SQLite twin of ../postgres/operations_webhook_admitted.sql: the outbox's
 -- operation.possible_duplicate_effect event.
+-- SQLite has no functions written in SQL (one registered from Go would break every other tool
+-- that opens the file), so the state list of ../postgres/idemgate_rules.sql's
+-- idemgate_may_duplicate_effect is written out here; TestDuplicateEffectRule holds it to
+-- services/rules.go's duplicateEffectStates.
 
 DROP TRIGGER IF EXISTS operations_webhook_admitted;
 -- Only later generations can have a previous operation, and only a tenant with a live endpoint
