@@ -73,6 +73,7 @@ func newRoot(env Env) *cobra.Command {
 		tenantCmd(env),
 		versionCmd(env),
 		webhookCmd(env),
+		policyCmd(env),
 	)
 	// The environment variables (dozens of lines) follow the usage and the command list in
 	// the help of the two commands that serve, so the commands are what one sees first.

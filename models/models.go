@@ -284,3 +284,20 @@ type ReconciliationJobItem struct {
 
 // TableName pins the table name.
 func (ReconciliationJobItem) TableName() string { return "reconciliation_job_items" }
+
+// Policy is a lifecycle policy (docs/reference.md §2): the defaults an acquire of TenantID
+// takes for the fields it leaves out, for every operation (OperationName "") or for one
+// operation name. Nil fields are not set by this policy. Migration 00018.
+type Policy struct {
+	ID            int64
+	TenantID      int64
+	OperationName string
+	TTLSeconds    *int64
+	LeaseSeconds  *int64
+	OnExpiry      *string
+	UpdatedAt     time.Time
+	UpdatedBy     string
+}
+
+// TableName pins the table name so GORM's pluralisation rules never matter.
+func (Policy) TableName() string { return "policies" }

@@ -35,6 +35,8 @@ type Admission struct {
 	maxTTL time.Duration
 	obs    Observer
 	linger LingerMode // group admission's, when on
+	// policies gives the fields an acquire leaves out (docs/reference.md §2).
+	policies *Policies
 }
 
 // NewAdmission returns an Admission over db. maxTTL bounds ttl_seconds (0 means
@@ -45,7 +47,16 @@ func NewAdmission(db *models.DB, log *slog.Logger, maxTTL time.Duration) *Admiss
 		maxTTL = DefaultMaxTTL
 	}
 	maxTTL = min(maxTTL, MaxTTL)
-	return &Admission{db: db, st: newStore(db), log: log, maxTTL: maxTTL, obs: nopObserver{}}
+	return &Admission{db: db, st: newStore(db), log: log, maxTTL: maxTTL, obs: nopObserver{}, policies: NewPolicies(db, log)}
+}
+
+// WithPolicies returns a copy of a that reads its tenants' policies through ps, so that a
+// change made through ps applies to a's acquires at once (services.New shares one). a itself
+// is not changed.
+func (a *Admission) WithPolicies(ps *Policies) *Admission {
+	b := *a
+	b.policies = ps
+	return &b
 }
 
 // WithGroupAdmission returns a copy of a that gathers concurrent acquires into one statement
@@ -117,7 +128,9 @@ func (a *Admission) GroupStats() GroupStats {
 // AcquireInput is an acquire request (docs/reference.md §4 "POST /v1/acquire"). Nil pointers are absent
 // fields. Metadata, when set, must be a JSON object.
 type AcquireInput struct {
-	Key           string
+	Key string
+	// TTLSeconds is the hold's TTL; 0 (absent) takes the TTL of the policy in force for the
+	// operation (docs/reference.md §2), and without one the acquire is invalid.
 	TTLSeconds    int64
 	Operation     *string
 	Fingerprint   *string
@@ -164,7 +177,10 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 	}
 	add("key", ValidateKey(in.Key))
 	maxSecs := ttlCeilingSeconds(maxTTL)
-	if in.TTLSeconds < 1 || in.TTLSeconds > maxSecs {
+	switch {
+	case in.TTLSeconds == 0:
+		add("ttl_seconds", "is required: no policy of the tenant gives a TTL for this operation")
+	case in.TTLSeconds < 1 || in.TTLSeconds > maxSecs:
 		add("ttl_seconds", fmt.Sprintf("must be an integer from 1 to %d", maxSecs))
 	}
 	if in.Operation != nil {
@@ -218,6 +234,9 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 // operation has an outcome, whoever set it, a 201 would tell the caller to run the effect
 // again, so the retry is an ordinary duplicate, logged as one.
 func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (*Acquisition, error) {
+	if err := a.policies.applyTo(ctx, p.TenantID, &in, ttlCeilingSeconds(a.maxTTL)); err != nil {
+		return nil, err
+	}
 	meta, err := in.validate(a.maxTTL)
 	if err != nil {
 		return nil, err
@@ -261,6 +280,9 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 	type retry struct{ key, attemptID string }
 	seen := map[retry]bool{}
 	for i, in := range items {
+		if err := a.policies.applyTo(ctx, p.TenantID, &in, ttlCeilingSeconds(a.maxTTL)); err != nil {
+			return nil, err
+		}
 		meta, err := in.validate(a.maxTTL)
 		if err != nil {
 			out[i].Err = err

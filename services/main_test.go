@@ -81,3 +81,13 @@ func isCode(err error, code string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == code
 }
+
+// tenantName is the name of b's tenant.
+func (b *testBundle) tenantName(t testing.TB) string {
+	t.Helper()
+	name, err := b.dash.TenantName(bg, b.p.TenantID)
+	if err != nil {
+		t.Fatalf("tenant name: %v", err)
+	}
+	return name
+}

@@ -37,6 +37,8 @@ type Services struct {
 	Reaper *Reaper
 	// Dispatcher delivers webhooks when its Run is running; nil unless Options.Dispatch.
 	Dispatcher *Dispatcher
+	// Policies stores tenants' lifecycle policies; Admission applies them through it.
+	Policies *Policies
 	// Database pings the database and reads its connection pool's counters (/readyz, /metrics).
 	Database *Database
 }
@@ -87,8 +89,11 @@ func New(db *models.DB, log *slog.Logger, opts Options) *Services {
 		log = slog.New(slog.DiscardHandler)
 	}
 	auth := NewAuth(db, log)
+	policies := NewPolicies(db, log)
 	s := &Services{
-		Admission:      NewAdmission(db, log, opts.MaxTTL).WithLinger(opts.GroupLinger).WithGroupAdmission(opts.GroupAdmission),
+		Admission: NewAdmission(db, log, opts.MaxTTL).WithPolicies(policies).WithLinger(opts.GroupLinger).
+			WithGroupAdmission(opts.GroupAdmission),
+		Policies:       policies,
 		Reads:          NewReads(db),
 		Reconciliation: NewReconciliation(db),
 		Dashboard:      NewDashboard(db),

@@ -28,7 +28,9 @@ func nullIsAbsent(raw json.RawMessage) json.RawMessage {
 }
 
 // decodeAcquire reads one acquire request body, as POST /v1/acquire takes it and as each item
-// of POST /v1/acquire:batch is: strictly decoded (decodeJSON), key and ttl_seconds required.
+// of POST /v1/acquire:batch is: strictly decoded (decodeJSON), key required. ttl_seconds left
+// out is 0 for services, which takes the policy's TTL (docs/reference.md §2); sent, it must be
+// at least 1, so a client's zero is refused rather than read as "the policy's".
 // Errors are services.ErrInvalidRequest; the single endpoint and the batch share it so an item
 // is refused exactly as the same body alone would be.
 func decodeAcquire(body []byte) (services.AcquireInput, error) {
@@ -40,14 +42,17 @@ func decodeAcquire(body []byte) (services.AcquireInput, error) {
 	if req.Key == nil {
 		missing = append(missing, "key")
 	}
-	if req.TTLSeconds == nil {
-		missing = append(missing, "ttl_seconds")
-	}
 	if len(missing) > 0 {
 		return services.AcquireInput{}, required(missing...)
 	}
+	var ttl int64
+	if req.TTLSeconds != nil {
+		if ttl = *req.TTLSeconds; ttl < 1 {
+			return services.AcquireInput{}, fieldError("ttl_seconds", "must be an integer of at least 1; leave it out to take the policy's TTL")
+		}
+	}
 	return services.AcquireInput{
-		Key: *req.Key, TTLSeconds: *req.TTLSeconds, Operation: req.Operation, Fingerprint: req.Fingerprint,
+		Key: *req.Key, TTLSeconds: ttl, Operation: req.Operation, Fingerprint: req.Fingerprint,
 		CorrelationID: req.CorrelationID, AttemptID: req.AttemptID, Metadata: nullIsAbsent(req.Metadata),
 		LeaseSeconds: req.LeaseSeconds, OnExpiry: req.OnExpiry,
 	}, nil

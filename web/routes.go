@@ -34,6 +34,7 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Get("/keys", handleListKeys(s.reads))
 	v1.Get("/keys/*", handleGetKey(s.reads))
 	v1.Get("/attempts", handleListAttempts(s.reads))
+	v1.Get("/policy", handlePolicy(s.policies))                   // api_policy.go
 	v1.Post(reconciliationsRoute, handleReconciliations(s.recon)) // api_reconciliations.go
 
 	// The dashboard (dashboard*.go). One CSRF middleware protects every form; on a page it

@@ -106,6 +106,7 @@ type Server struct {
 	auth     *services.Auth
 	accounts *services.Accounts
 	db       *services.Database
+	policies *services.Policies
 	sessions *session.Store
 	metrics  *metrics
 	// obs reports the services' decisions to metrics and to request spans (observer.go).
@@ -132,12 +133,12 @@ func New(cfg Config) *Server {
 	}
 	for name, missing := range map[string]bool{"Admission": cfg.Admission == nil, "Reads": cfg.Reads == nil,
 		"Reconciliation": cfg.Reconciliation == nil, "Dashboard": cfg.Dashboard == nil, "Audit": cfg.Audit == nil,
-		"Auth": cfg.Auth == nil, "Accounts": cfg.Accounts == nil, "Database": cfg.Database == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
+		"Auth": cfg.Auth == nil, "Accounts": cfg.Accounts == nil, "Database": cfg.Database == nil, "Policies": cfg.Policies == nil, "Log": cfg.Log == nil, "Sessions": cfg.Sessions == nil} {
 		if missing {
 			panic("web.New: Config." + name + " is required")
 		}
 	}
-	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.Database, secure: cfg.SecureCookies,
+	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.Database, policies: cfg.Policies, secure: cfg.SecureCookies,
 		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout

@@ -1,0 +1,350 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
+)
+
+// Where a field of a PolicyInForce comes from, most specific first (docs/reference.md §2).
+const (
+	// PolicySourceOperation: the tenant's policy for this operation name.
+	PolicySourceOperation = "operation"
+	// PolicySourceTenant: the tenant's policy for every operation.
+	PolicySourceTenant = "tenant"
+	// PolicySourceDefault: no policy sets the field; the built-in default applies (no TTL: the
+	// caller must send ttl_seconds; lease: the TTL; on_expiry: readmit).
+	PolicySourceDefault = "default"
+)
+
+// PolicyMaxAge is how long an instance keeps a tenant's policies before it reads them again.
+// A change made through another process (the CLI, another instance) applies to this instance's
+// acquires within this time; one made through this instance applies at once. Policies change
+// rarely and every acquire reads them, so reading them from the database per acquire would add
+// a round trip to the hot path for nothing.
+const PolicyMaxAge = 5 * time.Second
+
+// PolicyInput is a policy to store (Policies.Set): Tenant by name, Operation "" for every
+// operation of the tenant or one operation name. Nil fields are not set by the policy. TTL and
+// Lease are whole seconds, at least 1 s, and at most MaxTTLSeconds; Lease is at most TTL when
+// both are set.
+type PolicyInput struct {
+	Tenant    string
+	Operation string
+	TTL       *time.Duration
+	Lease     *time.Duration
+	OnExpiry  *string
+}
+
+// PolicyInfo is a stored policy, as lists show it. Durations are whole seconds; nil is not set.
+type PolicyInfo struct {
+	Tenant    string
+	Operation string // "" for every operation of the tenant
+	TTL       *time.Duration
+	Lease     *time.Duration
+	OnExpiry  *string
+	UpdatedAt time.Time
+	UpdatedBy string
+}
+
+// PolicyInForce is what an acquire of one (tenant, operation) takes for the fields it leaves
+// out: each field from the most specific policy that sets it (PolicySource*). TTL 0 means no
+// policy gives one, so ttl_seconds is required. Lease 0 means the TTL.
+type PolicyInForce struct {
+	TTL          time.Duration
+	TTLFrom      string
+	Lease        time.Duration
+	LeaseFrom    string
+	OnExpiry     string
+	OnExpiryFrom string
+}
+
+// Policies stores the lifecycle policies of tenants and answers, through a cache of at most
+// PolicyMaxAge, which one is in force for an acquire. One Policies serves a process: Admission
+// reads through it, and a change made through it is seen by its acquires at once.
+type Policies struct {
+	db    *models.DB
+	log   *slog.Logger
+	mu    sync.Mutex
+	cache map[int64]*tenantPolicies
+}
+
+// tenantPolicies is one tenant's policies as read at loaded, by operation name ("" for the
+// tenant-wide one). Never changed once built.
+type tenantPolicies struct {
+	loaded time.Time
+	byOp   map[string]models.Policy
+}
+
+// NewPolicies stores and reads policies in db; log receives changes (nil: nothing logged).
+func NewPolicies(db *models.DB, log *slog.Logger) *Policies {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Policies{db: db, log: log, cache: map[int64]*tenantPolicies{}}
+}
+
+// Set stores in as the policy of its tenant and operation, replacing the one there was: fields
+// not given are not set afterwards (the less specific policy or the default decides them).
+// actor is who changed it (an operator's username, or "cli"). Errors: ErrInvalidRequest
+// (fields tenant, operation, ttl, lease, on_expiry, and a policy that sets nothing),
+// ErrStoreUnavailable.
+func (ps *Policies) Set(ctx context.Context, actor string, in PolicyInput) (*PolicyInfo, error) {
+	if err := in.validate(); err != nil {
+		return nil, err
+	}
+	m := models.Policy{OperationName: in.Operation, TTLSeconds: seconds(in.TTL), LeaseSeconds: seconds(in.Lease),
+		OnExpiry: in.OnExpiry, UpdatedAt: time.Now().UTC(), UpdatedBy: actor}
+	err := ps.db.Tx(ctx, func(tx *gorm.DB) error {
+		id, err := tenantIDByName(tx, in.Tenant)
+		if err != nil {
+			return err
+		}
+		m.TenantID = id
+		if err := tx.Where("tenant_id = ? AND operation_name = ?", id, in.Operation).Delete(&models.Policy{}).Error; err != nil {
+			return err
+		}
+		return tx.Create(&m).Error
+	})
+	if err != nil {
+		return nil, storeError("set policy", err)
+	}
+	ps.forget(m.TenantID)
+	ps.log.InfoContext(ctx, "policy set", "by", actor, "tenant", in.Tenant, "operation", in.Operation,
+		"ttl_seconds", m.TTLSeconds, "lease_seconds", m.LeaseSeconds, "on_expiry", m.OnExpiry)
+	info := policyInfo(in.Tenant, m)
+	return &info, nil
+}
+
+// errNoPolicy is Delete's ErrNotFound, saying what was not found.
+var errNoPolicy = &Error{Code: CodeNotFound, Message: "There is no policy for this tenant and operation."}
+
+// Delete removes the policy of tenant and operation ("" the tenant-wide one). Errors:
+// ErrInvalidRequest (an unknown tenant), ErrNotFound (no such policy), ErrStoreUnavailable.
+func (ps *Policies) Delete(ctx context.Context, actor, tenant, operation string) error {
+	var tenantID int64
+	err := ps.db.Tx(ctx, func(tx *gorm.DB) error {
+		id, err := tenantIDByName(tx, tenant)
+		if err != nil {
+			return err
+		}
+		tenantID = id
+		res := tx.Where("tenant_id = ? AND operation_name = ?", id, operation).Delete(&models.Policy{})
+		if res.Error == nil && res.RowsAffected == 0 {
+			return errNoPolicy
+		}
+		return res.Error
+	})
+	if err != nil {
+		return storeError("delete policy", err)
+	}
+	ps.forget(tenantID)
+	ps.log.InfoContext(ctx, "policy deleted", "by", actor, "tenant", tenant, "operation", operation)
+	return nil
+}
+
+// List returns the policies of tenant (by name), or of every tenant when tenant is "", by
+// tenant and operation name (the tenant-wide one first). Errors: ErrInvalidRequest (an unknown
+// tenant), ErrStoreUnavailable.
+func (ps *Policies) List(ctx context.Context, tenant string) ([]PolicyInfo, error) {
+	var rows []struct {
+		models.Policy
+		Tenant string
+	}
+	q := ps.db.WithContext(ctx).Table("policies p").Select("p.*, t.name AS tenant").
+		Joins("JOIN tenants t ON t.id = p.tenant_id").Order("t.name, p.operation_name")
+	if tenant != "" {
+		id, err := tenantIDByName(ps.db.WithContext(ctx), tenant)
+		if err != nil {
+			return nil, storeError("list policies", err)
+		}
+		q = q.Where("p.tenant_id = ?", id)
+	}
+	if err := q.Scan(&rows).Error; err != nil {
+		return nil, storeError("list policies", err)
+	}
+	out := make([]PolicyInfo, len(rows))
+	for i, r := range rows {
+		out[i] = policyInfo(r.Tenant, r.Policy)
+	}
+	return out, nil
+}
+
+// InForce returns the policy in force for an acquire of operation (nil: none named) in tenantID,
+// as this instance's acquires apply it (read through the cache). Errors: ErrStoreUnavailable.
+func (ps *Policies) InForce(ctx context.Context, tenantID int64, operation *string) (PolicyInForce, error) {
+	tp, err := ps.tenant(ctx, tenantID)
+	if err != nil {
+		return PolicyInForce{}, err
+	}
+	return tp.inForce(operation), nil
+}
+
+// applyTo fills in the fields in leaves out from the policy in force for its operation in
+// tenantID: ttl_seconds when 0, lease_seconds and on_expiry when nil. A policy's TTL above
+// ceiling (the configured maximum, in seconds) is cut to it, and its lease to the request's TTL,
+// so a policy never turns a valid request into an invalid one.
+func (ps *Policies) applyTo(ctx context.Context, tenantID int64, in *AcquireInput, ceiling int64) error {
+	tp, err := ps.tenant(ctx, tenantID)
+	if err != nil {
+		return err
+	}
+	if len(tp.byOp) == 0 {
+		return nil
+	}
+	pf := tp.inForce(in.Operation)
+	if in.TTLSeconds == 0 && pf.TTL > 0 {
+		in.TTLSeconds = min(int64(pf.TTL/time.Second), ceiling)
+	}
+	if in.LeaseSeconds == nil && pf.Lease > 0 && in.TTLSeconds > 0 {
+		lease := min(int64(pf.Lease/time.Second), in.TTLSeconds)
+		in.LeaseSeconds = &lease
+	}
+	if in.OnExpiry == nil && pf.OnExpiryFrom != PolicySourceDefault {
+		onExpiry := pf.OnExpiry
+		in.OnExpiry = &onExpiry
+	}
+	return nil
+}
+
+// tenant returns tenantID's policies, read again when older than PolicyMaxAge. Should that
+// read fail, the policies read before are used, and with none the error is returned: an
+// acquire must not run under defaults its tenant changed.
+func (ps *Policies) tenant(ctx context.Context, tenantID int64) (*tenantPolicies, error) {
+	ps.mu.Lock()
+	tp := ps.cache[tenantID]
+	ps.mu.Unlock()
+	if tp != nil && time.Since(tp.loaded) < PolicyMaxAge {
+		return tp, nil
+	}
+	var rows []models.Policy
+	if err := ps.db.WithContext(ctx).Where("tenant_id = ?", tenantID).Find(&rows).Error; err != nil {
+		if tp != nil {
+			ps.log.WarnContext(ctx, "policies not read again; using those read before", "tenant_id", tenantID, "err", err)
+			return tp, nil
+		}
+		return nil, storeError("read policies", err)
+	}
+	fresh := &tenantPolicies{loaded: time.Now(), byOp: make(map[string]models.Policy, len(rows))}
+	for _, r := range rows {
+		fresh.byOp[r.OperationName] = r
+	}
+	ps.mu.Lock()
+	ps.cache[tenantID] = fresh
+	ps.mu.Unlock()
+	return fresh, nil
+}
+
+// forget drops tenantID's cached policies, so this instance's next acquire reads them again.
+func (ps *Policies) forget(tenantID int64) {
+	ps.mu.Lock()
+	delete(ps.cache, tenantID)
+	ps.mu.Unlock()
+}
+
+// inForce merges tp's policies for operation field by field, most specific first.
+func (tp *tenantPolicies) inForce(operation *string) PolicyInForce {
+	pf := PolicyInForce{TTLFrom: PolicySourceDefault, LeaseFrom: PolicySourceDefault,
+		OnExpiry: OnExpiryReadmit, OnExpiryFrom: PolicySourceDefault}
+	var layers []models.Policy
+	var sources []string
+	if operation != nil && *operation != "" {
+		if p, ok := tp.byOp[*operation]; ok {
+			layers, sources = append(layers, p), append(sources, PolicySourceOperation)
+		}
+	}
+	if p, ok := tp.byOp[""]; ok {
+		layers, sources = append(layers, p), append(sources, PolicySourceTenant)
+	}
+	for i := len(layers) - 1; i >= 0; i-- { // least specific first, so the most specific wins
+		p := layers[i]
+		if p.TTLSeconds != nil {
+			pf.TTL, pf.TTLFrom = time.Duration(*p.TTLSeconds)*time.Second, sources[i]
+		}
+		if p.LeaseSeconds != nil {
+			pf.Lease, pf.LeaseFrom = time.Duration(*p.LeaseSeconds)*time.Second, sources[i]
+		}
+		if p.OnExpiry != nil {
+			pf.OnExpiry, pf.OnExpiryFrom = *p.OnExpiry, sources[i]
+		}
+	}
+	return pf
+}
+
+func (in *PolicyInput) validate() error {
+	var fe []FieldError
+	add := func(field, msg string) {
+		if msg != "" {
+			fe = append(fe, FieldError{Field: field, Message: msg})
+		}
+	}
+	add("tenant", ValidateTenantName(in.Tenant))
+	if in.Operation != "" {
+		add("operation", ValidateOperationName(in.Operation))
+	}
+	add("ttl", validatePolicyDuration(in.TTL))
+	add("lease", validatePolicyDuration(in.Lease))
+	if in.TTL != nil && in.Lease != nil && *in.Lease > *in.TTL {
+		add("lease", "must not be longer than ttl")
+	}
+	if in.OnExpiry != nil && *in.OnExpiry != OnExpiryReadmit && *in.OnExpiry != OnExpiryHold {
+		add("on_expiry", "must be readmit or hold_until_reconciled")
+	}
+	if in.TTL == nil && in.Lease == nil && in.OnExpiry == nil && len(fe) == 0 {
+		add("policy", "sets nothing: give at least one of ttl, lease, on_expiry")
+	}
+	if len(fe) > 0 {
+		return invalid(fe...)
+	}
+	return nil
+}
+
+// validatePolicyDuration checks a policy's TTL or lease: whole seconds from 1 s to
+// MaxTTLSeconds (an acquire's ttl_seconds range).
+func validatePolicyDuration(d *time.Duration) string {
+	if d == nil {
+		return ""
+	}
+	if *d < time.Second || *d%time.Second != 0 || *d/time.Second > MaxTTLSeconds {
+		return fmt.Sprintf("must be whole seconds from 1s to %ds", int64(MaxTTLSeconds))
+	}
+	return ""
+}
+
+// tenantIDByName is the id of the tenant named name. Errors: errNoSuchTenant, or the query's.
+func tenantIDByName(db *gorm.DB, name string) (int64, error) {
+	var t models.Tenant
+	if err := db.Where("name = ?", name).Take(&t).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+		return 0, errNoSuchTenant(name)
+	} else if err != nil {
+		return 0, err
+	}
+	return t.ID, nil
+}
+
+func seconds(d *time.Duration) *int64 {
+	if d == nil {
+		return nil
+	}
+	s := int64(*d / time.Second)
+	return &s
+}
+
+func duration(s *int64) *time.Duration {
+	if s == nil {
+		return nil
+	}
+	d := time.Duration(*s) * time.Second
+	return &d
+}
+
+func policyInfo(tenant string, m models.Policy) PolicyInfo {
+	return PolicyInfo{Tenant: tenant, Operation: m.OperationName, TTL: duration(m.TTLSeconds), Lease: duration(m.LeaseSeconds),
+		OnExpiry: m.OnExpiry, UpdatedAt: m.UpdatedAt, UpdatedBy: m.UpdatedBy}
+}
