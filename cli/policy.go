@@ -13,7 +13,7 @@ import (
 // defaults a tenant's acquires take, for every operation or for one operation name. A change
 // applies to running instances' acquires within services.PolicyMaxAge.
 func policyCmd(env Env) *cobra.Command {
-	cmd := &cobra.Command{Use: "policy", Short: "Manage lifecycle policies: a tenant's defaults for ttl, lease and on_expiry"}
+	cmd := &cobra.Command{Use: "policy", Short: "Manage lifecycle policies: a tenant's ttl, lease, on_expiry, retention and horizon"}
 	withPolicies := func(c *cobra.Command, fn func(*services.Policies) error) error {
 		_, log, db, err := open(c.Context(), env)
 		if err != nil {
@@ -23,9 +23,10 @@ func policyCmd(env Env) *cobra.Command {
 		return fn(services.NewPolicies(db, log))
 	}
 
-	var tenant, operation, ttl, lease, onExpiry string
+	var tenant, operation, ttl, lease, onExpiry, retention, horizon string
 	set := &cobra.Command{
-		Use:   "set --tenant T [--operation O] [--ttl D] [--lease D] [--on-expiry readmit|hold_until_reconciled]",
+		Use: "set --tenant T [--operation O] [--ttl D] [--lease D] [--on-expiry readmit|hold_until_reconciled] " +
+			"[--retention D] [--horizon D]",
 		Short: "Set the policy of a tenant (or of one of its operation names), replacing the one there was",
 		Long: "Set the policy of a tenant, or with --operation of one operation name of it, replacing the one " +
 			"there was: a field not given is not set by this policy afterwards (the tenant-wide policy, then the " +
@@ -43,6 +44,12 @@ func policyCmd(env Env) *cobra.Command {
 			if c.Flags().Changed("on-expiry") {
 				in.OnExpiry = &onExpiry
 			}
+			if in.Retention, err = optionalDuration(c, "retention", retention); err != nil {
+				return err
+			}
+			if in.Horizon, err = optionalDuration(c, "horizon", horizon); err != nil {
+				return err
+			}
 			return withPolicies(c, func(ps *services.Policies) error {
 				p, err := ps.Set(c.Context(), cliActor, in)
 				if err != nil {
@@ -58,6 +65,8 @@ func policyCmd(env Env) *cobra.Command {
 	set.Flags().StringVar(&ttl, "ttl", "", "TTL of acquires that leave out ttl_seconds")
 	set.Flags().StringVar(&lease, "lease", "", "lease of acquires that leave out lease_seconds (cut to their TTL)")
 	set.Flags().StringVar(&onExpiry, "on-expiry", "", "on_expiry of acquires that leave it out: readmit or hold_until_reconciled")
+	set.Flags().StringVar(&retention, "retention", "", "how long an ended operation's evidence is kept (default IDEMGATE_RETENTION)")
+	set.Flags().StringVar(&horizon, "horizon", "", "how long after a success the key refuses a new admission (at least the retention; default none)")
 	_ = set.MarkFlagRequired("tenant")
 
 	var listTenant string
@@ -82,9 +91,9 @@ func policyCmd(env Env) *cobra.Command {
 						onExpiry = *p.OnExpiry
 					}
 					rows = append(rows, []string{p.Tenant, op, secondsOrDash(p.TTL), secondsOrDash(p.Lease), onExpiry,
-						p.UpdatedBy, when(&p.UpdatedAt)})
+						secondsOrDash(p.Retention), secondsOrDash(p.Horizon), p.UpdatedBy, when(&p.UpdatedAt)})
 				}
-				return table(env.Stdout, "TENANT\tOPERATION\tTTL\tLEASE\tON EXPIRY\tUPDATED BY\tUPDATED", rows)
+				return table(env.Stdout, "TENANT\tOPERATION\tTTL\tLEASE\tON EXPIRY\tRETENTION\tHORIZON\tUPDATED BY\tUPDATED", rows)
 			})
 		},
 	}
@@ -135,9 +144,11 @@ func scope(operation string) string {
 func fields(p services.PolicyInfo) string {
 	s := "ttl " + secondsOrDash(p.TTL) + ", lease " + secondsOrDash(p.Lease) + ", on_expiry "
 	if p.OnExpiry != nil {
-		return s + *p.OnExpiry
+		s += *p.OnExpiry
+	} else {
+		s += "-"
 	}
-	return s + "-"
+	return s + ", retention " + secondsOrDash(p.Retention) + ", horizon " + secondsOrDash(p.Horizon)
 }
 
 // secondsOrDash is d as a duration ("24h0m0s"), "-" when not set.

@@ -66,6 +66,18 @@ type IdemKey struct {
 	ExpiresAt         *time.Time
 	LastOperationID   string
 	AcquiredAt        time.Time
+	// ProtectedUntil is when the horizon of the key's last operation ends (its ended_at plus
+	// horizon_seconds, set when a succeeded operation with a horizon ends): until then the
+	// key refuses a new admission though its TTL is over (docs/reference.md §2 "Lifecycle").
+	ProtectedUntil *time.Time
+	// The tombstone of the key's last operation, written by the purge that deleted it within
+	// its horizon: its state, outcome status and receipt, and the request hash of its
+	// operation name and fingerprint (requestHash), so a later acquire is still answered as
+	// its duplicate, or refused as another request. Migration 00018.
+	TombState          *string
+	TombOutcomeStatus  *string
+	TombOutcomeReceipt *string
+	TombRequestHash    *int64
 }
 
 // TableName pins the table name ("keys" is a reserved word in several SQL dialects).
@@ -125,6 +137,15 @@ type Operation struct {
 	// (docs/reference.md §5 "Audit"). Database triggers decide it at admission and keep it in
 	// step with the earlier operations' states (models/sql/*/operations_reflag_later.sql); GORM only reads it.
 	PossibleDuplicateEffect bool `gorm:"->"`
+	// RetentionSeconds is how long the evidence is kept once the operation ended, and
+	// HorizonSeconds how long after a success its key refuses a new admission, as in force when
+	// it was admitted (docs/reference.md §2 "Lifecycle"). Nil retention: admitted before
+	// migration 00018, kept for IDEMGATE_RETENTION; nil horizon: none.
+	RetentionSeconds *int64
+	HorizonSeconds   *int64
+	// PurgeAfter is EndedAt plus RetentionSeconds, set when the operation ends: the reaper
+	// purges it after this time.
+	PurgeAfter *time.Time
 }
 
 // LeaseEnd returns the end of the operation's lease: LeaseExpiresAt, or ExpiresAt when it has
@@ -295,8 +316,11 @@ type Policy struct {
 	TTLSeconds    *int64
 	LeaseSeconds  *int64
 	OnExpiry      *string
-	UpdatedAt     time.Time
-	UpdatedBy     string
+	// RetentionSeconds and HorizonSeconds: docs/reference.md §2 "Lifecycle".
+	RetentionSeconds *int64
+	HorizonSeconds   *int64
+	UpdatedAt        time.Time
+	UpdatedBy        string
 }
 
 // TableName pins the table name so GORM's pluralisation rules never matter.

@@ -97,23 +97,27 @@ func TestSQLFilesReapplied(t *testing.T) {
 		require.NoError(t, db.Exec("DROP TRIGGER operations_uncertain_at"+map[models.Dialect]string{
 			models.Postgres: " ON operations", models.SQLite: ""}[db.Dialect]).Error)
 		if db.Dialect == models.Postgres {
-			require.NoError(t, db.Exec("DROP FUNCTION idemgate_acquire_batch").Error)
+			require.NoError(t, db.Exec("DROP FUNCTION idemgate_acquire_batch(bigint[], text[], integer[], text[], text[], "+
+				"text[], text[], text[], text[], uuid[], text[], bigint[], integer[], text[], bigint[], bigint[], text)").Error)
 		}
 		require.NoError(t, db.Exec("UPDATE idemgate_sql SET revision = revision - 1").Error)
 		_, err := models.Migrate(ctx, db, nil)
 		require.NoError(t, err)
 		require.Equal(t, 1, count(triggers), "the trigger was not put back")
 		if db.Dialect == models.Postgres {
-			require.Equal(t, 1, count("SELECT count(*) FROM pg_proc WHERE proname = 'idemgate_acquire_batch'"))
-			var r string
-			require.NoError(t, db.Raw(`SELECT result FROM idemgate_acquire_batch(ARRAY[1::bigint], ARRAY['k'],
-			  ARRAY[60], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text],
-			  ARRAY['c'], ARRAY[gen_random_uuid()], ARRAY['hash'], ARRAY[NULL::bigint], ARRAY[NULL::integer],
-			  ARRAY[NULL::text])`).Row().Scan(&r))
-			require.Equal(t, "admitted", r)
+			// The current signature and revision 2's (a wrapper kept for a rolling upgrade).
+			require.Equal(t, 2, count("SELECT count(*) FROM pg_proc WHERE proname = 'idemgate_acquire_batch'"))
+			for key, extra := range map[string]string{"k": "", "k2": ", ARRAY[NULL::bigint], ARRAY[NULL::bigint]"} {
+				var r string
+				require.NoError(t, db.Raw(`SELECT result FROM idemgate_acquire_batch(ARRAY[1::bigint], ARRAY['`+key+`'],
+				  ARRAY[60], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text],
+				  ARRAY['c'], ARRAY[gen_random_uuid()], ARRAY['hash'], ARRAY[NULL::bigint], ARRAY[NULL::integer],
+				  ARRAY[NULL::text]`+extra+`)`).Row().Scan(&r))
+				require.Equal(t, "admitted", r, key)
+			}
 			var cfg string
 			require.NoError(t, db.Raw(`SELECT array_to_string(proconfig, ',') FROM pg_proc
-			  WHERE proname = 'idemgate_acquire_batch'`).Row().Scan(&cfg))
+			  WHERE proname = 'idemgate_acquire_batch' AND pronargs = 17`).Row().Scan(&cfg))
 			require.Equal(t, "plan_cache_mode=force_generic_plan", cfg)
 		}
 		rev := 0

@@ -234,15 +234,16 @@ func (in *AcquireInput) validate(maxTTL time.Duration) (json.RawMessage, error) 
 // operation has an outcome, whoever set it, a 201 would tell the caller to run the effect
 // again, so the retry is an ordinary duplicate, logged as one.
 func (a *Admission) Acquire(ctx context.Context, p Principal, in AcquireInput) (*Acquisition, error) {
-	if err := a.policies.applyTo(ctx, p.TenantID, &in, ttlCeilingSeconds(a.maxTTL)); err != nil {
-		return nil, err
+	life, err := a.policies.applyTo(ctx, p.TenantID, &in, ttlCeilingSeconds(a.maxTTL))
+	if err != nil {
+		return nil, storeError("acquire: read policies", err)
 	}
 	meta, err := in.validate(a.maxTTL)
 	if err != nil {
 		return nil, err
 	}
 	owner := newSecret(ownerTokenPrefix)
-	d, err := a.st.acquire(ctx, acquireArgs{p: p, in: in, meta: meta, opID: newOperationID(), ownerHash: hashSecret(owner)})
+	d, err := a.st.acquire(ctx, acquireArgs{p: p, in: in, meta: meta, opID: newOperationID(), ownerHash: hashSecret(owner), life: life})
 	if err != nil {
 		return nil, storeError("acquire", err)
 	}
@@ -280,8 +281,9 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 	type retry struct{ key, attemptID string }
 	seen := map[retry]bool{}
 	for i, in := range items {
-		if err := a.policies.applyTo(ctx, p.TenantID, &in, ttlCeilingSeconds(a.maxTTL)); err != nil {
-			return nil, err
+		life, err := a.policies.applyTo(ctx, p.TenantID, &in, ttlCeilingSeconds(a.maxTTL))
+		if err != nil {
+			return nil, storeError("acquire batch: read policies", err)
 		}
 		meta, err := in.validate(a.maxTTL)
 		if err != nil {
@@ -301,7 +303,7 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 			seen[r] = true
 		}
 		owner := newSecret(ownerTokenPrefix)
-		args = append(args, acquireArgs{p: p, in: in, meta: meta, opID: newOperationID(), ownerHash: hashSecret(owner)})
+		args = append(args, acquireArgs{p: p, in: in, meta: meta, opID: newOperationID(), ownerHash: hashSecret(owner), life: life})
 		idx = append(idx, i)
 		owners = append(owners, owner)
 	}
@@ -410,16 +412,18 @@ func reply(in AcquireInput, d decision, owner string) (*Acquisition, error) {
 		return &Acquisition{Admitted: false, Key: in.Key, Operation: &d.op}, nil
 	}
 	acq := &Acquisition{
-		Admitted:       true,
-		Readmitted:     d.readmitted,
-		Key:            in.Key,
-		OperationID:    d.op.ID,
-		OwnerToken:     owner,
-		FencingToken:   d.op.FencingToken,
-		State:          d.op.State,
-		ExpiresAt:      d.op.ExpiresAt,
-		LeaseExpiresAt: d.op.LeaseExpiresAt,
-		OnExpiry:       d.op.OnExpiry,
+		Admitted:         true,
+		Readmitted:       d.readmitted,
+		Key:              in.Key,
+		OperationID:      d.op.ID,
+		OwnerToken:       owner,
+		FencingToken:     d.op.FencingToken,
+		State:            d.op.State,
+		ExpiresAt:        d.op.ExpiresAt,
+		LeaseExpiresAt:   d.op.LeaseExpiresAt,
+		OnExpiry:         d.op.OnExpiry,
+		RetentionSeconds: d.op.RetentionSeconds,
+		HorizonSeconds:   d.op.HorizonSeconds,
 	}
 	if d.prev != nil && mayDuplicateEffect(d.prev.State) {
 		acq.PreviousOperation = d.prev

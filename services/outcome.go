@@ -171,10 +171,20 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 	if target != StateUncertain {
 		updates["state"] = target
 		updates["state_reason"] = nil
-		updates["ended_at"] = now
+		endUpdates(op, now, updates)
 	}
 	if err := tx.Model(&models.Operation{}).Where("id = ?", op.ID).Updates(updates).Error; err != nil {
 		return false, err
+	}
+	if target == StateSucceeded && op.HorizonSeconds != nil {
+		// docs/reference.md §2 "Lifecycle": the key refuses new admissions until the horizon
+		// ends, if this is still its newest operation (one admitted after it since has nothing
+		// left to protect).
+		until := now.Add(time.Duration(*op.HorizonSeconds) * time.Second)
+		if err := tx.Model(&models.IdemKey{}).Where("id = ? AND last_operation_id = ?", op.KeyID, op.ID).
+			Update("protected_until", until).Error; err != nil {
+			return false, err
+		}
 	}
 	if move == moveRecord {
 		detail := fmt.Sprintf("%s -> %s: outcome %s", op.State, status, status)

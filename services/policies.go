@@ -31,16 +31,23 @@ const (
 const PolicyMaxAge = 5 * time.Second
 
 // PolicyInput is a policy to store (Policies.Set): Tenant by name, Operation "" for every
-// operation of the tenant or one operation name. Nil fields are not set by the policy. TTL and
-// Lease are whole seconds, at least 1 s, and at most MaxTTLSeconds; Lease is at most TTL when
-// both are set.
+// operation of the tenant or one operation name. Nil fields are not set by the policy. All
+// durations are whole seconds, at least 1 s. TTL and Lease are at most MaxTTLSeconds, Lease at
+// most TTL; Retention and Horizon at most MaxRetention, Horizon at least Retention when both
+// are set (docs/reference.md §2 "Lifecycle").
 type PolicyInput struct {
 	Tenant    string
 	Operation string
 	TTL       *time.Duration
 	Lease     *time.Duration
 	OnExpiry  *string
+	Retention *time.Duration
+	Horizon   *time.Duration
 }
+
+// MaxRetention bounds a policy's retention and horizon: 100 years, past any record-keeping
+// rule, and far inside the database's timestamp range.
+const MaxRetention = 100 * 365 * 24 * time.Hour
 
 // PolicyInfo is a stored policy, as lists show it. Durations are whole seconds; nil is not set.
 type PolicyInfo struct {
@@ -49,30 +56,41 @@ type PolicyInfo struct {
 	TTL       *time.Duration
 	Lease     *time.Duration
 	OnExpiry  *string
+	Retention *time.Duration
+	Horizon   *time.Duration
 	UpdatedAt time.Time
 	UpdatedBy string
 }
 
 // PolicyInForce is what an acquire of one (tenant, operation) takes for the fields it leaves
-// out: each field from the most specific policy that sets it (PolicySource*). TTL 0 means no
-// policy gives one, so ttl_seconds is required. Lease 0 means the TTL.
+// out, and the lifecycle its operation is admitted under: each field from the most specific
+// policy that sets it (PolicySource*). TTL 0 means no policy gives one, so ttl_seconds is
+// required. Lease 0 means the TTL. Retention defaults to IDEMGATE_RETENTION. Horizon 0 means
+// none (the key is protected by its TTL alone); a horizon shorter than the retention in force
+// is raised to it, since a key must not be freed while its evidence still answers for it.
 type PolicyInForce struct {
-	TTL          time.Duration
-	TTLFrom      string
-	Lease        time.Duration
-	LeaseFrom    string
-	OnExpiry     string
-	OnExpiryFrom string
+	TTL           time.Duration
+	TTLFrom       string
+	Lease         time.Duration
+	LeaseFrom     string
+	OnExpiry      string
+	OnExpiryFrom  string
+	Retention     time.Duration
+	RetentionFrom string
+	Horizon       time.Duration
+	HorizonFrom   string
 }
 
 // Policies stores the lifecycle policies of tenants and answers, through a cache of at most
 // PolicyMaxAge, which one is in force for an acquire. One Policies serves a process: Admission
 // reads through it, and a change made through it is seen by its acquires at once.
 type Policies struct {
-	db    *models.DB
-	log   *slog.Logger
-	mu    sync.Mutex
-	cache map[int64]*tenantPolicies
+	db  *models.DB
+	log *slog.Logger
+	// retention is the retention when no policy gives one (IDEMGATE_RETENTION).
+	retention time.Duration
+	mu        sync.Mutex
+	cache     map[int64]*tenantPolicies
 }
 
 // tenantPolicies is one tenant's policies as read at loaded, by operation name ("" for the
@@ -83,11 +101,21 @@ type tenantPolicies struct {
 }
 
 // NewPolicies stores and reads policies in db; log receives changes (nil: nothing logged).
+// Operations no policy gives a retention are kept DefaultRetention; see WithRetention.
 func NewPolicies(db *models.DB, log *slog.Logger) *Policies {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Policies{db: db, log: log, cache: map[int64]*tenantPolicies{}}
+	return &Policies{db: db, log: log, retention: DefaultRetention, cache: map[int64]*tenantPolicies{}}
+}
+
+// WithRetention sets the retention of operations no policy gives one (IDEMGATE_RETENTION; 0
+// leaves DefaultRetention) and returns ps.
+func (ps *Policies) WithRetention(d time.Duration) *Policies {
+	if d > 0 {
+		ps.retention = d
+	}
+	return ps
 }
 
 // Set stores in as the policy of its tenant and operation, replacing the one there was: fields
@@ -100,7 +128,8 @@ func (ps *Policies) Set(ctx context.Context, actor string, in PolicyInput) (*Pol
 		return nil, err
 	}
 	m := models.Policy{OperationName: in.Operation, TTLSeconds: seconds(in.TTL), LeaseSeconds: seconds(in.Lease),
-		OnExpiry: in.OnExpiry, UpdatedAt: time.Now().UTC(), UpdatedBy: actor}
+		OnExpiry: in.OnExpiry, RetentionSeconds: seconds(in.Retention), HorizonSeconds: seconds(in.Horizon),
+		UpdatedAt: time.Now().UTC(), UpdatedBy: actor}
 	err := ps.db.Tx(ctx, func(tx *gorm.DB) error {
 		id, err := tenantIDByName(tx, in.Tenant)
 		if err != nil {
@@ -117,7 +146,8 @@ func (ps *Policies) Set(ctx context.Context, actor string, in PolicyInput) (*Pol
 	}
 	ps.forget(m.TenantID)
 	ps.log.InfoContext(ctx, "policy set", "by", actor, "tenant", in.Tenant, "operation", in.Operation,
-		"ttl_seconds", m.TTLSeconds, "lease_seconds", m.LeaseSeconds, "on_expiry", m.OnExpiry)
+		"ttl_seconds", m.TTLSeconds, "lease_seconds", m.LeaseSeconds, "on_expiry", m.OnExpiry,
+		"retention_seconds", m.RetentionSeconds, "horizon_seconds", m.HorizonSeconds)
 	info := policyInfo(in.Tenant, m)
 	return &info, nil
 }
@@ -181,24 +211,32 @@ func (ps *Policies) List(ctx context.Context, tenant string) ([]PolicyInfo, erro
 func (ps *Policies) InForce(ctx context.Context, tenantID int64, operation *string) (PolicyInForce, error) {
 	tp, err := ps.tenant(ctx, tenantID)
 	if err != nil {
-		return PolicyInForce{}, err
+		return PolicyInForce{}, storeError("read policies", err)
 	}
-	return tp.inForce(operation), nil
+	return tp.inForce(operation, ps.retention), nil
+}
+
+// lifecycle is the retention and horizon an operation is admitted under, in whole seconds,
+// stored on it by the acquire: retention 0 when no policy gives one (the installation's
+// IDEMGATE_RETENTION, applied when the reaper purges), horizon 0 for none.
+type lifecycle struct {
+	retention, horizon int64
 }
 
 // applyTo fills in the fields in leaves out from the policy in force for its operation in
-// tenantID: ttl_seconds when 0, lease_seconds and on_expiry when nil. A policy's TTL above
-// ceiling (the configured maximum, in seconds) is cut to it, and its lease to the request's TTL,
-// so a policy never turns a valid request into an invalid one.
-func (ps *Policies) applyTo(ctx context.Context, tenantID int64, in *AcquireInput, ceiling int64) error {
+// tenantID (ttl_seconds when 0, lease_seconds and on_expiry when nil) and returns the
+// lifecycle the operation is admitted under. A policy's TTL above ceiling (the configured
+// maximum, in seconds) is cut to it, and its lease to the request's TTL, so a policy never
+// turns a valid request into an invalid one.
+func (ps *Policies) applyTo(ctx context.Context, tenantID int64, in *AcquireInput, ceiling int64) (lifecycle, error) {
 	tp, err := ps.tenant(ctx, tenantID)
 	if err != nil {
-		return err
+		return lifecycle{}, err
 	}
 	if len(tp.byOp) == 0 {
-		return nil
+		return lifecycle{}, nil
 	}
-	pf := tp.inForce(in.Operation)
+	pf := tp.inForce(in.Operation, ps.retention)
 	if in.TTLSeconds == 0 && pf.TTL > 0 {
 		in.TTLSeconds = min(int64(pf.TTL/time.Second), ceiling)
 	}
@@ -210,12 +248,20 @@ func (ps *Policies) applyTo(ctx context.Context, tenantID int64, in *AcquireInpu
 		onExpiry := pf.OnExpiry
 		in.OnExpiry = &onExpiry
 	}
-	return nil
+	life := lifecycle{horizon: int64(pf.Horizon / time.Second)}
+	if pf.RetentionFrom != PolicySourceDefault {
+		// The installation's retention is not stored: the reaper applies IDEMGATE_RETENTION as
+		// it is when it purges, so the setting stays one knob for every operation without a
+		// policy.
+		life.retention = int64(pf.Retention / time.Second)
+	}
+	return life, nil
 }
 
 // tenant returns tenantID's policies, read again when older than PolicyMaxAge. Should that
-// read fail, the policies read before are used, and with none the error is returned: an
-// acquire must not run under defaults its tenant changed.
+// read fail, the policies read before are used, and with none the database's error is
+// returned (the caller classifies it): an acquire must not run under defaults its tenant
+// changed.
 func (ps *Policies) tenant(ctx context.Context, tenantID int64) (*tenantPolicies, error) {
 	ps.mu.Lock()
 	tp := ps.cache[tenantID]
@@ -229,7 +275,7 @@ func (ps *Policies) tenant(ctx context.Context, tenantID int64) (*tenantPolicies
 			ps.log.WarnContext(ctx, "policies not read again; using those read before", "tenant_id", tenantID, "err", err)
 			return tp, nil
 		}
-		return nil, storeError("read policies", err)
+		return nil, err
 	}
 	fresh := &tenantPolicies{loaded: time.Now(), byOp: make(map[string]models.Policy, len(rows))}
 	for _, r := range rows {
@@ -248,10 +294,12 @@ func (ps *Policies) forget(tenantID int64) {
 	ps.mu.Unlock()
 }
 
-// inForce merges tp's policies for operation field by field, most specific first.
-func (tp *tenantPolicies) inForce(operation *string) PolicyInForce {
+// inForce merges tp's policies for operation field by field, most specific first; retention
+// is the retention when none gives one.
+func (tp *tenantPolicies) inForce(operation *string, retention time.Duration) PolicyInForce {
 	pf := PolicyInForce{TTLFrom: PolicySourceDefault, LeaseFrom: PolicySourceDefault,
-		OnExpiry: OnExpiryReadmit, OnExpiryFrom: PolicySourceDefault}
+		OnExpiry: OnExpiryReadmit, OnExpiryFrom: PolicySourceDefault,
+		Retention: retention, RetentionFrom: PolicySourceDefault, HorizonFrom: PolicySourceDefault}
 	var layers []models.Policy
 	var sources []string
 	if operation != nil && *operation != "" {
@@ -273,6 +321,15 @@ func (tp *tenantPolicies) inForce(operation *string) PolicyInForce {
 		if p.OnExpiry != nil {
 			pf.OnExpiry, pf.OnExpiryFrom = *p.OnExpiry, sources[i]
 		}
+		if p.RetentionSeconds != nil {
+			pf.Retention, pf.RetentionFrom = time.Duration(*p.RetentionSeconds)*time.Second, sources[i]
+		}
+		if p.HorizonSeconds != nil {
+			pf.Horizon, pf.HorizonFrom = time.Duration(*p.HorizonSeconds)*time.Second, sources[i]
+		}
+	}
+	if pf.Horizon > 0 && pf.Horizon < pf.Retention {
+		pf.Horizon = pf.Retention
 	}
 	return pf
 }
@@ -296,8 +353,13 @@ func (in *PolicyInput) validate() error {
 	if in.OnExpiry != nil && *in.OnExpiry != OnExpiryReadmit && *in.OnExpiry != OnExpiryHold {
 		add("on_expiry", "must be readmit or hold_until_reconciled")
 	}
-	if in.TTL == nil && in.Lease == nil && in.OnExpiry == nil && len(fe) == 0 {
-		add("policy", "sets nothing: give at least one of ttl, lease, on_expiry")
+	add("retention", validateLifecycleDuration(in.Retention))
+	add("horizon", validateLifecycleDuration(in.Horizon))
+	if in.Retention != nil && in.Horizon != nil && *in.Horizon < *in.Retention {
+		add("horizon", "must not be shorter than retention: a key must not be freed while its evidence is kept")
+	}
+	if in.TTL == nil && in.Lease == nil && in.OnExpiry == nil && in.Retention == nil && in.Horizon == nil && len(fe) == 0 {
+		add("policy", "sets nothing: give at least one of ttl, lease, on_expiry, retention, horizon")
 	}
 	if len(fe) > 0 {
 		return invalid(fe...)
@@ -313,6 +375,18 @@ func validatePolicyDuration(d *time.Duration) string {
 	}
 	if *d < time.Second || *d%time.Second != 0 || *d/time.Second > MaxTTLSeconds {
 		return fmt.Sprintf("must be whole seconds from 1s to %ds", int64(MaxTTLSeconds))
+	}
+	return ""
+}
+
+// validateLifecycleDuration checks a policy's retention or horizon: whole seconds from 1 s
+// (so tests can run) to MaxRetention.
+func validateLifecycleDuration(d *time.Duration) string {
+	if d == nil {
+		return ""
+	}
+	if *d < time.Second || *d%time.Second != 0 || *d > MaxRetention {
+		return "must be whole seconds from 1s to 100 years"
 	}
 	return ""
 }
@@ -346,5 +420,21 @@ func duration(s *int64) *time.Duration {
 
 func policyInfo(tenant string, m models.Policy) PolicyInfo {
 	return PolicyInfo{Tenant: tenant, Operation: m.OperationName, TTL: duration(m.TTLSeconds), Lease: duration(m.LeaseSeconds),
-		OnExpiry: m.OnExpiry, UpdatedAt: m.UpdatedAt, UpdatedBy: m.UpdatedBy}
+		OnExpiry: m.OnExpiry, Retention: duration(m.RetentionSeconds), Horizon: duration(m.HorizonSeconds),
+		UpdatedAt: m.UpdatedAt, UpdatedBy: m.UpdatedBy}
+}
+
+// args is l as the acquire statements' arguments: the retention in seconds, nil when unknown
+// (kept for IDEMGATE_RETENTION, as before lifecycles), and the horizon in seconds or nil for
+// none.
+func (l lifecycle) args() (retention, horizon *int64) {
+	if l.retention > 0 {
+		r := l.retention
+		retention = &r
+	}
+	if l.horizon > 0 {
+		h := l.horizon
+		horizon = &h
+	}
+	return retention, horizon
 }

@@ -69,11 +69,13 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 		pf, err := ps.InForce(bg, b.p.TenantID, ptr("charge"))
 		require.NoError(t, err)
 		require.Equal(t, PolicyInForce{TTL: week, TTLFrom: PolicySourceOperation, Lease: minute, LeaseFrom: PolicySourceOperation,
-			OnExpiry: OnExpiryHold, OnExpiryFrom: PolicySourceTenant}, pf)
+			OnExpiry: OnExpiryHold, OnExpiryFrom: PolicySourceTenant, Retention: DefaultRetention,
+			RetentionFrom: PolicySourceDefault, HorizonFrom: PolicySourceDefault}, pf)
 		pf, err = ps.InForce(bg, b.p.TenantID, ptr("refund"))
 		require.NoError(t, err)
 		require.Equal(t, PolicyInForce{TTL: hour, TTLFrom: PolicySourceTenant, LeaseFrom: PolicySourceDefault,
-			OnExpiry: OnExpiryHold, OnExpiryFrom: PolicySourceTenant}, pf)
+			OnExpiry: OnExpiryHold, OnExpiryFrom: PolicySourceTenant, Retention: DefaultRetention,
+			RetentionFrom: PolicySourceDefault, HorizonFrom: PolicySourceDefault}, pf)
 
 		span := func(acq *Acquisition) (ttl, lease time.Duration) {
 			op := opRow(t, b, acq.OperationID)

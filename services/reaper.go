@@ -252,12 +252,21 @@ func (r *Reaper) expireHoldChunk(tx *gorm.DB, ks []models.IdemKey, now time.Time
 	return u.RowsAffected, marked, nil
 }
 
-// purgeCandidate is an operation the purge may delete, and its place in the scan.
+// purgeCandidate is an operation the purge may delete, and its place in the scan (Mark: the
+// value of the column the scan walks).
 type purgeCandidate struct {
 	ID           string
-	EndedAt      time.Time
+	Mark         time.Time
 	KeyID        int64
 	FencingToken int64
+}
+
+// purgeSource is one walk of the purge: the operations whose column (purge_after, or ended_at
+// for those ended without one) is before cutoff, along the index that serves where.
+type purgeSource struct {
+	column string
+	where  string
+	cutoff time.Time
 }
 
 // purgeYield is how long the purge pauses after each batch, as a multiple of the time the batch
@@ -318,7 +327,30 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 	if err != nil {
 		return err
 	}
-	cutoff := now.Add(-r.retention)
+	// docs/reference.md §2 "Lifecycle": an operation admitted with a retention is purged at
+	// its purge_after (ended_at + its retention); one that ended without a purge_after
+	// (admitted before lifecycles, or ended by an older build during a rolling upgrade) by
+	// ended_at and the reaper's retention, as before. Each walk has an index of its own
+	// (operations_purge, operations_ended), so the second costs nothing once those are gone.
+	for _, src := range []purgeSource{
+		{column: "purge_after", where: "purge_after IS NOT NULL", cutoff: now},
+		{column: "ended_at", where: "ended_at IS NOT NULL AND purge_after IS NULL", cutoff: now.Add(-r.retention)},
+	} {
+		if err := r.purgeWalk(ctx, res, src, now); err != nil {
+			return err
+		}
+	}
+	return r.db.Write(ctx, func(db *gorm.DB) error {
+		s := db.Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
+		res.SessionsPurged = s.RowsAffected
+		return s.Error
+	})
+}
+
+// purgeWalk purges the operations of src, oldest first, in batches: each batch one
+// transaction that writes the tombstones of those whose key is still within its horizon and
+// deletes them with their attempts, events, counters and finished webhook deliveries.
+func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource, now time.Time) error {
 	batchSize := r.st.purgeBatch()
 	var after *purgeCandidate
 	for {
@@ -337,17 +369,17 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		// million rows for a batch of 1,000 beside 300 acquires/s, and the purge ran at 1,200
 		// operations/s instead of 12,000 (make scale at 200,000 keys).
 		//
-		// Each scan goes on from where the last one ended (keyset on ended_at, id): the
+		// Each scan goes on from where the last one ended (keyset on the column, id): the
 		// operations the last batch deleted stay in the index as dead entries until a vacuum,
 		// and a scan from the start visited every one of them again.
-		q := db.Model(&models.Operation{}).
-			Where("ended_at IS NOT NULL AND ended_at < ?", cutoff).
+		q := db.Model(&models.Operation{}).Where(src.where).Where(src.column+" < ?", src.cutoff).
 			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)")
 		if after != nil {
-			q = q.Where("ended_at >= ? AND (ended_at, id) > (?, ?)", after.EndedAt, after.EndedAt, after.ID)
+			q = q.Where(src.column+" >= ? AND ("+src.column+", id) > (?, ?)", after.Mark, after.Mark, after.ID)
 		}
 		var cands []purgeCandidate
-		err := q.Select("id", "ended_at", "key_id", "fencing_token").Order("ended_at, id").Limit(batchSize).Find(&cands).Error
+		err := q.Select("id", src.column+" AS mark", "key_id", "fencing_token").Order(src.column + ", id").
+			Limit(batchSize).Find(&cands).Error
 		if err != nil {
 			cancel()
 			return err
@@ -385,6 +417,9 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 		}
 		var batch ReapResult
 		err = r.db.Tx(ctx, func(tx *gorm.DB) error {
+			if err := writeTombstones(tx, ids, now); err != nil {
+				return err
+			}
 			e := tx.Where("operation_id IN ?", ids).Delete(&models.Event{})
 			if e.Error != nil {
 				return e.Error
@@ -420,11 +455,30 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 			break
 		}
 	}
-	return r.db.Write(ctx, func(db *gorm.DB) error {
-		s := db.Where("expires_at IS NOT NULL AND expires_at < ?", now).Delete(&models.Session{})
-		res.SessionsPurged = s.RowsAffected
-		return s.Error
-	})
+	return nil
+}
+
+// writeTombstones writes, in tx, the tombstone of each of the operations ids (about to be
+// purged) that is still its key's newest and whose key refuses new admissions past now
+// (protected_until: docs/reference.md §2 "Lifecycle"): its state, outcome status and receipt,
+// and request hash, on the key row. In the purge's transaction, so an operation is never gone
+// without its tombstone: a crash leaves both or neither.
+func writeTombstones(tx *gorm.DB, ids []string, now time.Time) error {
+	var ops []models.Operation
+	if err := tx.Select("id", "key_id", "state", "outcome_status", "outcome_receipt", "operation_name", "fingerprint").
+		Where("id IN ?", ids).
+		Where("EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id AND k.last_operation_id = operations.id AND k.protected_until > ?)", now).
+		Find(&ops).Error; err != nil {
+		return err
+	}
+	for _, o := range ops {
+		if err := tx.Model(&models.IdemKey{}).Where("id = ? AND last_operation_id = ?", o.KeyID, o.ID).
+			Updates(map[string]any{"tomb_state": o.State, "tomb_outcome_status": o.OutcomeStatus,
+				"tomb_outcome_receipt": o.OutcomeReceipt, "tomb_request_hash": requestHash(o.OperationName, o.Fingerprint)}).Error; err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // foldCounters folds the kept counters' deltas into their totals (counters.go), in one

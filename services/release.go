@@ -107,9 +107,9 @@ func releaseHold(tx *gorm.DB, h *models.Operation, now time.Time, reason *string
 		Updates(map[string]any{"holder_operation_id": nil, "expires_at": nil}).Error; err != nil {
 		return err
 	}
-	if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(map[string]any{
-		"state": StateReleased, "released_at": now, "release_reason": reason, "ended_at": now,
-	}).Error; err != nil {
+	updates := map[string]any{"state": StateReleased, "released_at": now, "release_reason": reason}
+	endUpdates(h, now, updates)
+	if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(updates).Error; err != nil {
 		return err
 	}
 	detail := h.State + " -> released"

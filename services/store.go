@@ -87,6 +87,8 @@ type acquireArgs struct {
 	meta      json.RawMessage
 	opID      string
 	ownerHash string
+	// life is the retention and horizon stored on the operation if it is admitted.
+	life lifecycle
 }
 
 // decision is a store's answer to acquire, in domain values.
@@ -113,6 +115,8 @@ func operationFromModel(m *models.Operation, held bool) Operation {
 		ReleasedAt: utcPtr(m.ReleasedAt), ReleaseReason: m.ReleaseReason,
 		DuplicateAttempts: m.DuplicateAttempts, ConflictAttempts: m.ConflictAttempts,
 		LeaseExpiresAt: m.LeaseEnd().UTC(), OnExpiry: m.OnExpiry,
+		RetentionSeconds: m.RetentionSeconds, HorizonSeconds: m.HorizonSeconds, EvidenceUntil: utcPtr(m.PurgeAfter),
+		ProtectedUntil: protectedUntil(m),
 	}
 	if op.OnExpiry == "" {
 		op.OnExpiry = OnExpiryReadmit

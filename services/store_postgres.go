@@ -88,10 +88,10 @@ ins AS (
 ), op AS (
   INSERT INTO operations (id, key_id, tenant_id, key, operation_name, fingerprint, correlation_id, attempt_id, api_key_id,
                           metadata, state, fencing_token, owner_token_hash, acquired_at, expires_at,
-                          lease_expires_at, on_expiry)
+                          lease_expires_at, on_expiry, retention_seconds, horizon_seconds)
   SELECT $10::uuid, id, $1, $2, $4, $5, $6, $8, $12::bigint, $7::json,
          'in_progress', 1, $11, acquired_at, expires_at, acquired_at + make_interval(secs => $14::integer),
-         $15::text FROM ins
+         $15::text, $16::bigint, $17::bigint FROM ins
   RETURNING *
 ), att AS (
   INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name, fingerprint,
@@ -108,12 +108,14 @@ SELECT 'admitted' AS result, false AS readmitted, op.acquired_at AS db_now, NULL
        NULL::json AS op_outcome_response, NULL::text AS op_outcome_note, NULL::text AS op_outcome_by,
        NULL::timestamptz AS op_outcome_at, NULL::timestamptz AS op_released_at, NULL::text AS op_release_reason,
        0::bigint AS op_duplicate_attempts, 0::bigint AS op_conflict_attempts,
-       op.lease_expires_at AS op_lease_expires_at, op.on_expiry AS op_on_expiry
+       op.lease_expires_at AS op_lease_expires_at, op.on_expiry AS op_on_expiry,
+       op.retention_seconds AS op_retention_seconds, op.horizon_seconds AS op_horizon_seconds,
+       NULL::timestamptz AS op_purge_after, NULL::timestamptz AS op_protected_until, false AS op_evidence_purged
   FROM op
 UNION ALL
 SELECT f.* FROM idemgate_acquire($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::text, $7::json,
                                  $8::text, $9::text, $10::uuid, $11::text, $12::bigint, $14::integer,
-                                 $15::text) f
+                                 $15::text, $16::bigint, $17::bigint) f
  WHERE NOT EXISTS (SELECT 1 FROM ins)`
 
 func (s *pgStore) acquire(ctx context.Context, a acquireArgs) (decision, error) {
@@ -146,7 +148,7 @@ func (s *pgStore) acquireAlone(ctx context.Context, a acquireArgs, lockTimeout s
 // acquireBatchSQL decides a batch with idemgate_acquire_batch (models/sql/postgres/idemgate_acquire_batch.sql): one statement, items in order.
 const acquireBatchSQL = `SELECT * FROM idemgate_acquire_batch($1::bigint[], $2::text[], $3::integer[], $4::text[],
   $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::uuid[], $11::text[], $12::bigint[],
-  $14::integer[], $15::text[], $13::text)`
+  $14::integer[], $15::text[], $16::bigint[], $17::bigint[], $13::text)`
 
 func (s *pgStore) acquireBatch(ctx context.Context, as []acquireArgs) ([]decision, error) {
 	return s.acquireMany(ctx, as, "")
@@ -218,16 +220,19 @@ func retryPause(ctx context.Context, try int) error {
 	}
 }
 
-// batchArgs is acquireBatchSQL's 15 arguments for as: one array per parameter of a single
-// acquire, the lock timeout (NULL when "") as $13, then the leases and expiry policies.
+// batchArgs is acquireBatchSQL's 17 arguments for as: one array per parameter of a single
+// acquire, the lock timeout (NULL when "") as $13, then the leases, expiry policies, retentions
+// and horizons.
 func batchArgs(as []acquireArgs, lockTimeout string) []any {
 	n := len(as)
 	tenants, keys, ttls := make([]int64, n), make([]string, n), make([]int32, n)
 	names, fps, corrs, metas, atts := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 	callers, opIDs, owners, apiKeys := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
 	leases, policies := make([]int32, n), make([]string, n)
+	retentions, horizons := make([]*int64, n), make([]*int64, n)
 	for i, a := range as {
 		leases[i], policies[i] = int32(a.in.leaseSeconds()), a.in.onExpiry()
+		retentions[i], horizons[i] = a.life.args()
 		tenants[i], keys[i], ttls[i] = a.p.TenantID, a.in.Key, int32(a.in.TTLSeconds)
 		names[i], fps[i], corrs[i], metas[i], atts[i] = a.in.Operation, a.in.Fingerprint, a.in.CorrelationID, jsonArg(a.meta), a.in.AttemptID
 		callers[i], opIDs[i], owners[i], apiKeys[i] = a.p.Prefix, a.opID, a.ownerHash, a.p.APIKeyID
@@ -236,7 +241,8 @@ func batchArgs(as []acquireArgs, lockTimeout string) []any {
 	if lockTimeout != "" {
 		lt = &lockTimeout
 	}
-	return []any{tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt, leases, policies}
+	return []any{tenants, keys, ttls, names, fps, corrs, metas, atts, callers, opIDs, owners, apiKeys, lt, leases, policies,
+		retentions, horizons}
 }
 
 func (s *pgStore) acquireBatchOnce(ctx context.Context, n int, args ...any) ([]decision, error) {
@@ -301,9 +307,10 @@ func (s *pgStore) acquireOnce(ctx context.Context, a acquireArgs, lockTimeout st
 	if lockTimeout != "" {
 		lt = &lockTimeout
 	}
+	retention, horizon := a.life.args()
 	return s.db.Pool.QueryRow(ctx, acquireSQL, p.TenantID, in.Key, in.TTLSeconds, in.Operation, in.Fingerprint,
 		in.CorrelationID, jsonArg(a.meta), in.AttemptID, p.Prefix, a.opID, a.ownerHash, p.APIKeyID, lt,
-		in.leaseSeconds(), in.onExpiry()).Scan(row.dest()...)
+		in.leaseSeconds(), in.onExpiry(), retention, horizon).Scan(row.dest()...)
 }
 
 // dest is the scan destinations of row's fields in the column order of the idemgate_acquire
@@ -315,7 +322,8 @@ func (row *acquireRow) dest() []any {
 		&row.OpCorrelationID, &row.OpMetadata, &row.OpState, &row.OpStateReason, &row.OpFencingToken,
 		&row.OpAcquiredAt, &row.OpExpiresAt, &row.OpOutcomeStatus, &row.OpOutcomeReceipt, &row.OpOutcomeResponse,
 		&row.OpOutcomeNote, &row.OpOutcomeBy, &row.OpOutcomeAt, &row.OpReleasedAt, &row.OpReleaseReason,
-		&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry}
+		&row.OpDuplicateAttempts, &row.OpConflictAttempts, &row.OpLeaseExpiresAt, &row.OpOnExpiry,
+		&row.OpRetentionSeconds, &row.OpHorizonSeconds, &row.OpPurgeAfter, &row.OpProtectedUntil, &row.OpEvidencePurged}
 }
 
 // acquireRow is the row acquireSQL returns, in the column order of the idemgate_acquire
@@ -352,6 +360,11 @@ type acquireRow struct {
 	OpConflictAttempts  int64
 	OpLeaseExpiresAt    *time.Time
 	OpOnExpiry          *string
+	OpRetentionSeconds  *int64
+	OpHorizonSeconds    *int64
+	OpPurgeAfter        *time.Time
+	OpProtectedUntil    *time.Time
+	OpEvidencePurged    bool
 }
 
 // decision is the row as a store's answer.
@@ -376,6 +389,11 @@ func (r *acquireRow) operation() Operation {
 		ExpiresAt: r.OpExpiresAt.UTC(), Held: r.OpExpiresAt.After(r.DBNow), ReleasedAt: utcPtr(r.OpReleasedAt),
 		ReleaseReason: r.OpReleaseReason, DuplicateAttempts: r.OpDuplicateAttempts,
 		ConflictAttempts: r.OpConflictAttempts, LeaseExpiresAt: r.OpExpiresAt.UTC(), OnExpiry: OnExpiryReadmit,
+		RetentionSeconds: r.OpRetentionSeconds, HorizonSeconds: r.OpHorizonSeconds, EvidenceUntil: utcPtr(r.OpPurgeAfter),
+		ProtectedUntil: utcPtr(r.OpProtectedUntil), EvidencePurged: r.OpEvidencePurged,
+	}
+	if r.OpEvidencePurged {
+		op.Held = false // a tombstone: the key is protected (ProtectedUntil), not held
 	}
 	if r.OpLeaseExpiresAt != nil {
 		op.LeaseExpiresAt = r.OpLeaseExpiresAt.UTC()

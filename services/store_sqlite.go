@@ -93,6 +93,7 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			APIKeyID: &p.APIKeyID, Metadata: jsonArg(a.meta), State: StateInProgress, OwnerTokenHash: a.ownerHash,
 			AcquiredAt: now, ExpiresAt: expires, OnExpiry: in.onExpiry(),
 		}
+		newOp.RetentionSeconds, newOp.HorizonSeconds = a.life.args()
 		lease := now.Add(time.Duration(in.leaseSeconds()) * time.Second)
 		newOp.LeaseExpiresAt = &lease
 		opID := newOp.ID
@@ -142,9 +143,23 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(update).Error; err != nil {
 				return err
 			}
-		case holdsAfterTTL(tx, k.LastOperationID, &newOp):
+		case protected(&k, now) && tx.Where("id = ?", k.LastOperationID).Take(&models.Operation{}).Error != nil:
+			// docs/reference.md §2 "Lifecycle": the key's last operation was purged within its
+			// horizon; its tombstone answers (as PostgreSQL's idemgate_acquire does).
+			d.result = ResultConflict
+			if k.TombRequestHash != nil && *k.TombRequestHash == requestHash(in.Operation, in.Fingerprint) {
+				d.result = ResultDuplicate
+			}
+			d.op = tombstoneOperation(&k)
+			return tx.Create(&models.Attempt{
+				TenantID: p.TenantID, Key: in.Key, OperationID: &k.LastOperationID, Result: d.result,
+				AttemptID: in.AttemptID, OperationName: in.Operation, Fingerprint: in.Fingerprint,
+				CorrelationID: in.CorrelationID, Caller: p.Prefix, AttemptedAt: now,
+			}).Error
+		case holdsAfterTTL(tx, k.LastOperationID, protected(&k, now), &newOp):
 			// docs/reference.md §8: hold_until_reconciled keeps the key past its TTL until the
-			// operation is reconciled; answered about that operation, never admitted.
+			// operation is reconciled, and §2 "Lifecycle": a succeeded one until its horizon
+			// ends; answered about that operation, never admitted.
 			h := newOp
 			if h.State == StateInProgress {
 				if _, err := expireToUncertain(tx, p.TenantID, h.ID, now); err != nil {
@@ -176,7 +191,8 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			newOp.FencingToken, newOp.KeyID = k.FencingToken+1, k.ID
 			if err := tx.Model(&models.IdemKey{}).Where("id = ?", k.ID).Updates(map[string]any{
 				"fencing_token": newOp.FencingToken, "holder_operation_id": opID, "expires_at": expires,
-				"last_operation_id": opID, "acquired_at": now,
+				"last_operation_id": opID, "acquired_at": now, "protected_until": nil, "tomb_state": nil,
+				"tomb_outcome_status": nil, "tomb_outcome_receipt": nil, "tomb_request_hash": nil,
 			}).Error; err != nil {
 				return err
 			}
@@ -203,13 +219,20 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 	return d, err
 }
 
+// protected reports whether key row k refuses new admissions at now because of its last
+// operation's horizon (docs/reference.md §2 "Lifecycle").
+func protected(k *models.IdemKey, now time.Time) bool {
+	return k.ProtectedUntil != nil && k.ProtectedUntil.After(now)
+}
+
 // holdsAfterTTL reports whether the key whose newest operation is lastID is kept from a new
-// admission after its TTL by that operation's hold_until_reconciled policy (holdsUntilReconciled);
-// if so, *into is that operation. A lookup error counts as not held: the takeover that follows
+// admission after its TTL, by its horizon (protected: the key row's protected_until is ahead)
+// or by that operation's hold_until_reconciled policy (holdsUntilReconciled); if so, *into is
+// that operation. A lookup error counts as not held: the takeover that follows
 // reads the same row and reports it.
-func holdsAfterTTL(tx *gorm.DB, lastID string, into *models.Operation) bool {
+func holdsAfterTTL(tx *gorm.DB, lastID string, protected bool, into *models.Operation) bool {
 	var m models.Operation
-	if err := tx.Where("id = ?", lastID).Take(&m).Error; err != nil || !holdsUntilReconciled(&m) {
+	if err := tx.Where("id = ?", lastID).Take(&m).Error; err != nil || !(protected || holdsUntilReconciled(&m)) {
 		return false
 	}
 	*into = m

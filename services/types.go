@@ -52,6 +52,18 @@ type Operation struct {
 	// ExpiresAt; OnExpiry is the key's policy after the TTL (OnExpiryReadmit or OnExpiryHold).
 	LeaseExpiresAt time.Time
 	OnExpiry       string
+	// Lifecycle (docs/reference.md §2 "Lifecycle"). RetentionSeconds and HorizonSeconds are what
+	// the operation was admitted under: nil retention, admitted before lifecycles (kept for
+	// IDEMGATE_RETENTION); nil horizon, none. EvidenceUntil is when its evidence will be purged
+	// (set once it ended); ProtectedUntil is when its key stops refusing new admissions because
+	// of its horizon (a succeeded operation with one). EvidencePurged: this is a tombstone,
+	// the evidence is gone, and only ID, Key, State, FencingToken, AcquiredAt, the outcome's
+	// status and receipt, and ProtectedUntil (also in ExpiresAt and LeaseExpiresAt) are known.
+	RetentionSeconds *int64
+	HorizonSeconds   *int64
+	EvidenceUntil    *time.Time
+	ProtectedUntil   *time.Time
+	EvidencePurged   bool
 }
 
 // PreviousOperation summarises the key's previous operation when it did not end cleanly
@@ -69,16 +81,19 @@ type PreviousOperation struct {
 // OwnerToken (the only copy of the secret), FencingToken and ExpiresAt describe the new hold;
 // when not, Operation is the holder's current operation (a duplicate).
 type Acquisition struct {
-	Admitted          bool
-	Readmitted        bool // an attempt_id retry got its own operation back
-	Key               string
-	OperationID       string
-	OwnerToken        string
-	FencingToken      int64
-	State             string
-	ExpiresAt         time.Time
-	LeaseExpiresAt    time.Time
-	OnExpiry          string
+	Admitted       bool
+	Readmitted     bool // an attempt_id retry got its own operation back
+	Key            string
+	OperationID    string
+	OwnerToken     string
+	FencingToken   int64
+	State          string
+	ExpiresAt      time.Time
+	LeaseExpiresAt time.Time
+	OnExpiry       string
+	// RetentionSeconds and HorizonSeconds: the admitted operation's (Operation's fields).
+	RetentionSeconds  *int64
+	HorizonSeconds    *int64
 	PreviousOperation *PreviousOperation
 	Operation         *Operation
 }

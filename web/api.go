@@ -29,8 +29,8 @@ func nullIsAbsent(raw json.RawMessage) json.RawMessage {
 
 // decodeAcquire reads one acquire request body, as POST /v1/acquire takes it and as each item
 // of POST /v1/acquire:batch is: strictly decoded (decodeJSON), key required. ttl_seconds left
-// out is 0 for services, which takes the policy's TTL (docs/reference.md §2); sent, it must be
-// at least 1, so a client's zero is refused rather than read as "the policy's".
+// out is 0 for services, which takes the policy's TTL (docs/reference.md §2); a client's zero is
+// refused rather than read as "the policy's".
 // Errors are services.ErrInvalidRequest; the single endpoint and the batch share it so an item
 // is refused exactly as the same body alone would be.
 func decodeAcquire(body []byte) (services.AcquireInput, error) {
@@ -47,8 +47,10 @@ func decodeAcquire(body []byte) (services.AcquireInput, error) {
 	}
 	var ttl int64
 	if req.TTLSeconds != nil {
-		if ttl = *req.TTLSeconds; ttl < 1 {
-			return services.AcquireInput{}, fieldError("ttl_seconds", "must be an integer of at least 1; leave it out to take the policy's TTL")
+		// services reads 0 as "absent: the policy's TTL". A client's explicit 0 is passed as -1,
+		// which services refuses with every other problem of the request, like any value below 1.
+		if ttl = *req.TTLSeconds; ttl == 0 {
+			ttl = -1
 		}
 	}
 	return services.AcquireInput{
@@ -66,7 +68,8 @@ func acquireAnswer(acq *services.Acquisition) (int, any) {
 	}
 	resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
 		FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt,
-		LeaseExpiresAt: acq.LeaseExpiresAt, OnExpiry: acq.OnExpiry}
+		LeaseExpiresAt: acq.LeaseExpiresAt, OnExpiry: acq.OnExpiry, RetentionSeconds: acq.RetentionSeconds,
+		HorizonSeconds: acq.HorizonSeconds}
 	if po := acq.PreviousOperation; po != nil {
 		resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
 		if po.OutcomeStatus != nil {

@@ -20,6 +20,11 @@ type policyResponse struct {
 	LeaseFrom    string  `json:"lease_from"`
 	OnExpiry     string  `json:"on_expiry"`
 	OnExpiryFrom string  `json:"on_expiry_from"`
+	// RetentionSeconds is never null: without a policy it is the installation's retention.
+	RetentionSeconds int64  `json:"retention_seconds"`
+	RetentionFrom    string `json:"retention_from"`
+	HorizonSeconds   *int64 `json:"horizon_seconds"`
+	HorizonFrom      string `json:"horizon_from"`
 }
 
 // handlePolicy is GET /v1/policy?operation=NAME: the policy in force for an acquire of NAME
@@ -39,7 +44,9 @@ func handlePolicy(ps *services.Policies) fiber.Handler {
 			return err
 		}
 		return c.JSON(policyResponse{Tenant: p.TenantName, Operation: op, TTLSeconds: wholeSeconds(pf.TTL), TTLFrom: pf.TTLFrom,
-			LeaseSeconds: wholeSeconds(pf.Lease), LeaseFrom: pf.LeaseFrom, OnExpiry: pf.OnExpiry, OnExpiryFrom: pf.OnExpiryFrom})
+			LeaseSeconds: wholeSeconds(pf.Lease), LeaseFrom: pf.LeaseFrom, OnExpiry: pf.OnExpiry, OnExpiryFrom: pf.OnExpiryFrom,
+			RetentionSeconds: int64(pf.Retention / time.Second), RetentionFrom: pf.RetentionFrom,
+			HorizonSeconds: wholeSeconds(pf.Horizon), HorizonFrom: pf.HorizonFrom})
 	}
 }
 

@@ -22,7 +22,9 @@ func TestAPIPolicy(t *testing.T) {
 		res := c.do("GET", "/v1/policy?operation=charge", nil)
 		require.Equal(t, http.StatusOK, res.status, res.raw)
 		require.Equal(t, map[string]any{"tenant": p.TenantName, "operation": "charge", "ttl_seconds": nil, "ttl_from": "default",
-			"lease_seconds": nil, "lease_from": "default", "on_expiry": "readmit", "on_expiry_from": "default"}, res.body)
+			"lease_seconds": nil, "lease_from": "default", "on_expiry": "readmit", "on_expiry_from": "default",
+			"retention_seconds": float64(services.DefaultRetention / time.Second), "retention_from": "default",
+			"horizon_seconds": nil, "horizon_from": "default"}, res.body)
 		problemOf(t, c.do("GET", "/v1/policy?operation=a%20b", nil), http.StatusBadRequest, services.CodeInvalidRequest)
 
 		res = problemOf(t, c.do("POST", "/v1/acquire", map[string]any{"key": "k-no-ttl", "operation": "charge"}),

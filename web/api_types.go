@@ -62,6 +62,8 @@ type admittedResponse struct {
 	ExpiresAt         time.Time             `json:"expires_at"`
 	LeaseExpiresAt    time.Time             `json:"lease_expires_at"`
 	OnExpiry          string                `json:"on_expiry"`
+	RetentionSeconds  *int64                `json:"retention_seconds"`
+	HorizonSeconds    *int64                `json:"horizon_seconds"`
 	PreviousOperation *previousOperationDTO `json:"previous_operation,omitempty"`
 }
 
@@ -110,6 +112,12 @@ type operationDTO struct {
 	ConflictAttempts  int64           `json:"conflict_attempts"`
 	LeaseExpiresAt    time.Time       `json:"lease_expires_at"`
 	OnExpiry          string          `json:"on_expiry"`
+	// Lifecycle (docs/reference.md §2 "Lifecycle"; services.Operation).
+	RetentionSeconds *int64     `json:"retention_seconds"`
+	HorizonSeconds   *int64     `json:"horizon_seconds"`
+	EvidenceUntil    *time.Time `json:"evidence_until"`
+	ProtectedUntil   *time.Time `json:"protected_until"`
+	EvidencePurged   bool       `json:"evidence_purged"`
 }
 
 // queuedOperationDTO is one item of the reconciliation queue: the operation object plus the
@@ -121,13 +129,15 @@ type queuedOperationDTO struct {
 	Superseded  bool      `json:"superseded"`
 }
 
+// outcomeDTO is an operation's outcome; RecordedBy and RecordedAt are null in a tombstone,
+// which keeps only the status and receipt.
 type outcomeDTO struct {
 	Status     string          `json:"status"`
 	Receipt    *string         `json:"receipt"`
 	Response   json.RawMessage `json:"response"`
 	Note       *string         `json:"note"`
-	RecordedBy string          `json:"recorded_by"`
-	RecordedAt time.Time       `json:"recorded_at"`
+	RecordedBy *string         `json:"recorded_by"`
+	RecordedAt *time.Time      `json:"recorded_at"`
 }
 
 type operationDetailDTO struct {
@@ -186,13 +196,18 @@ func toOperationDTO(o *services.Operation) operationDTO {
 		Metadata: o.Metadata, AcquiredAt: o.AcquiredAt, ExpiresAt: o.ExpiresAt, Held: o.Held,
 		ReleasedAt: o.ReleasedAt, ReleaseReason: o.ReleaseReason, DuplicateAttempts: o.DuplicateAttempts,
 		ConflictAttempts: o.ConflictAttempts, LeaseExpiresAt: o.LeaseExpiresAt, OnExpiry: o.OnExpiry,
+		RetentionSeconds: o.RetentionSeconds, HorizonSeconds: o.HorizonSeconds, EvidenceUntil: o.EvidenceUntil,
+		ProtectedUntil: o.ProtectedUntil, EvidencePurged: o.EvidencePurged,
 	}
 	if d.Metadata == nil {
 		d.Metadata = json.RawMessage("null")
 	}
 	if o.Outcome != nil {
 		d.Outcome = &outcomeDTO{Status: o.Outcome.Status, Receipt: o.Outcome.Receipt, Response: o.Outcome.Response,
-			Note: o.Outcome.Note, RecordedBy: o.Outcome.RecordedBy, RecordedAt: o.Outcome.RecordedAt}
+			Note: o.Outcome.Note}
+		if !o.EvidencePurged {
+			d.Outcome.RecordedBy, d.Outcome.RecordedAt = &o.Outcome.RecordedBy, &o.Outcome.RecordedAt
+		}
 		if d.Outcome.Response == nil {
 			d.Outcome.Response = json.RawMessage("null")
 		}

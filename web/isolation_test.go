@@ -79,6 +79,10 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		w.other = "shared-" + dashRandom() // not under the marker: A acquires this name for itself
 		otherOp := f.acquire(t, f.pB, w.other)
 		f.acquire(t, f.pA, "a-own")
+		// B's policy for the operation: A asking for the policy in force must not see it.
+		day := 24 * time.Hour
+		_, err = f.s.policies.Set(ctx, "isolation", services.PolicyInput{Tenant: f.tenantB, Operation: f.op, TTL: &day})
+		require.NoError(t, err)
 
 		ids := []string{w.held.OperationID, w.uncertain, otherOp.OperationID}
 
@@ -255,6 +259,13 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				noLeak(t, res.raw)
 			}}},
 			"GET /v1/keys/*": {{"/v1/keys/" + url.PathEscape(w.marker+"held"), apiCall("GET", nil, 404, "not_found")}},
+			"GET /v1/policy": {{"/v1/policy?operation=" + url.QueryEscape(f.op), func(t *testing.T, path string) {
+				res := api.do("GET", path, nil)
+				require.Equal(t, http.StatusOK, res.status, res.raw)
+				require.Nil(t, res.body["ttl_seconds"], "tenant B's policy applied to A")
+				require.Equal(t, f.tenantA, res.body["tenant"])
+				noLeak(t, res.raw)
+			}}},
 			"GET /v1/attempts": {
 				{"/v1/attempts", apiCall("GET", nil, 200, "")},
 				{"/v1/attempts?key=" + url.QueryEscape(w.marker+"held"), apiCall("GET", nil, 200, "")},

@@ -103,6 +103,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 			"limit", "10", "cursor", "")},
 		"GET /v1/keys/*":     {path: "/v1/keys/" + encKey, pathParams: []string{encKey}},
 		"GET /v1/operations": {path: "/v1/operations", query: q("state", "uncertain", "limit", "10", "cursor", "")},
+		"GET /v1/policy":     {path: "/v1/policy", query: q("operation", "charge")},
 		"GET /v1/attempts": {path: "/v1/attempts", query: q("key", w.opKey, "result", "admitted",
 			"since", "2026-01-02T15:04:05Z", "limit", "10", "cursor", "")},
 

@@ -17,8 +17,9 @@ import (
 // keys named, only those keys move; with none, every key of the tenant.
 //
 // The deadlines are the key row's expires_at (the hold: acquires and the reaper compare it)
-// and, for each operation of the key, expires_at (its TTL: Held, hold_until_reconciled) and
-// lease_expires_at (its lease: lapses to uncertain). Times of what happened (acquired_at, the
+// and protected_until (its horizon), and, for each operation of the key, expires_at (its TTL:
+// Held, hold_until_reconciled), lease_expires_at (its lease: lapses to uncertain) and
+// purge_after (its retention: the reaper purges it). Times of what happened (acquired_at, the
 // attempts, the events, outcome and release times) keep their values: they are evidence, and
 // the audit and the hourly counters are built from them.
 //
@@ -48,27 +49,36 @@ func Elapse(tb testing.TB, db *models.DB, tenantID int64, d time.Duration, keys 
 			return q
 		}
 		var ks []models.IdemKey
-		if err := ofKeys(tx.Select("id", "expires_at")).Order("tenant_id, key").Find(&ks).Error; err != nil {
+		if err := ofKeys(tx.Select("id", "expires_at", "protected_until")).Order("tenant_id, key").Find(&ks).Error; err != nil {
 			return err
 		}
 		found = len(ks)
 		for _, k := range ks {
-			if k.ExpiresAt == nil {
-				continue // no hold
+			set := map[string]any{}
+			if k.ExpiresAt != nil { // nil: no hold
+				set["expires_at"] = k.ExpiresAt.Add(-d)
 			}
-			if err := tx.Model(&models.IdemKey{}).Where("id = ?", k.ID).
-				Update("expires_at", k.ExpiresAt.Add(-d)).Error; err != nil {
+			if k.ProtectedUntil != nil {
+				set["protected_until"] = k.ProtectedUntil.Add(-d)
+			}
+			if len(set) == 0 {
+				continue
+			}
+			if err := tx.Model(&models.IdemKey{}).Where("id = ?", k.ID).Updates(set).Error; err != nil {
 				return err
 			}
 		}
 		var ops []models.Operation
-		if err := ofKeys(tx.Select("id", "expires_at", "lease_expires_at")).Order("id").Find(&ops).Error; err != nil {
+		if err := ofKeys(tx.Select("id", "expires_at", "lease_expires_at", "purge_after")).Order("id").Find(&ops).Error; err != nil {
 			return err
 		}
 		for _, op := range ops {
 			set := map[string]any{"expires_at": op.ExpiresAt.Add(-d)}
 			if op.LeaseExpiresAt != nil {
 				set["lease_expires_at"] = op.LeaseExpiresAt.Add(-d)
+			}
+			if op.PurgeAfter != nil {
+				set["purge_after"] = op.PurgeAfter.Add(-d)
 			}
 			if err := tx.Model(&models.Operation{}).Where("id = ?", op.ID).Updates(set).Error; err != nil {
 				return err

@@ -23,7 +23,7 @@ CREATE OR REPLACE FUNCTION idemgate_acquire(
   p_tenant_id bigint, p_key text, p_ttl_seconds integer, p_operation_name text,
   p_fingerprint text, p_correlation_id text, p_metadata json, p_attempt_id text,
   p_caller text, p_operation_id uuid, p_owner_token_hash text, p_api_key_id bigint,
-  p_lease_seconds integer, p_on_expiry text)
+  p_lease_seconds integer, p_on_expiry text, p_retention_seconds bigint, p_horizon_seconds bigint)
 RETURNS TABLE (
   result text, readmitted boolean, db_now timestamptz,
   prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
@@ -34,7 +34,9 @@ RETURNS TABLE (
   op_outcome_receipt text, op_outcome_response json, op_outcome_note text, op_outcome_by text,
   op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
   op_duplicate_attempts bigint, op_conflict_attempts bigint,
-  op_lease_expires_at timestamptz, op_on_expiry text)
+  op_lease_expires_at timestamptz, op_on_expiry text, op_retention_seconds bigint,
+  op_horizon_seconds bigint, op_purge_after timestamptz, op_protected_until timestamptz,
+  op_evidence_purged boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   v_now     timestamptz;
@@ -46,6 +48,8 @@ DECLARE
   v_op      uuid;
   v_lease   integer := COALESCE(p_lease_seconds, p_ttl_seconds);
   v_policy  text := COALESCE(p_on_expiry, 'readmit');
+  v_found   boolean;
+  v_tomb    boolean := false;
 BEGIN
   -- A new key is never decided here: acquireSQL (services/store_postgres.go) and the first
   -- step of idemgate_acquire_batch insert it, and call this function only when their INSERT
@@ -120,10 +124,35 @@ BEGIN
     CONTINUE WHEN v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now;
 
     SELECT * INTO v_prev FROM operations o WHERE o.id = v_k.last_operation_id;
-    IF FOUND AND v_prev.on_expiry = 'hold_until_reconciled'
-       AND v_prev.state IN ('in_progress', 'uncertain', 'succeeded') THEN
+    v_found := FOUND;
+    IF NOT v_found AND v_k.protected_until > v_now THEN
+      -- docs/reference.md §2 "Lifecycle": the key's last operation succeeded and was purged
+      -- within its horizon. Its tombstone answers: a duplicate of it, or a conflict for another
+      -- request; nothing is counted (the operation's counters went with it), and the attempt
+      -- names the purged operation.
+      v_tomb := true;
+      v_result := CASE WHEN v_k.tomb_request_hash = idemgate_request_hash(p_operation_name, p_fingerprint)
+                       THEN 'duplicate' ELSE 'conflict' END;
+      v_h.id := v_k.last_operation_id;
+      v_h.key := p_key;
+      v_h.state := COALESCE(v_k.tomb_state, 'succeeded');
+      v_h.fencing_token := v_k.fencing_token;
+      v_h.acquired_at := v_k.acquired_at;
+      v_h.expires_at := v_k.protected_until;
+      v_h.outcome_status := v_k.tomb_outcome_status;
+      v_h.outcome_receipt := v_k.tomb_outcome_receipt;
+      v_h.on_expiry := 'readmit';
+      v_h.duplicate_attempts := 0;
+      v_h.conflict_attempts := 0;
+      v_prev := NULL;
+      v_op := v_k.last_operation_id;
+      EXIT;
+    END IF;
+    IF v_found AND (v_k.protected_until > v_now OR (v_prev.on_expiry = 'hold_until_reconciled'
+                    AND v_prev.state IN ('in_progress', 'uncertain', 'succeeded'))) THEN
       -- docs/reference.md §8: the newest operation holds its key until it is reconciled,
-      -- whatever the TTL. Not admitted: answered about that operation (uncertain: 409
+      -- whatever the TTL; §2 "Lifecycle": a succeeded one holds it until its horizon ends
+      -- (protected_until). Not admitted: answered about that operation (uncertain: 409
       -- outcome_uncertain; succeeded: a duplicate with its outcome).
       IF v_prev.state = 'in_progress' THEN
         UPDATE operations o SET state = 'uncertain', state_reason =
@@ -174,16 +203,19 @@ BEGIN
     UPDATE idem_keys k
        SET fencing_token = v_k.fencing_token + 1, holder_operation_id = p_operation_id,
            expires_at = v_now + make_interval(secs => p_ttl_seconds),
-           last_operation_id = p_operation_id, acquired_at = v_now
+           last_operation_id = p_operation_id, acquired_at = v_now, protected_until = NULL,
+           tomb_state = NULL, tomb_outcome_status = NULL, tomb_outcome_receipt = NULL,
+           tomb_request_hash = NULL
      WHERE k.id = v_k.id;
     INSERT INTO operations (id, key_id, tenant_id, key, operation_name, fingerprint, correlation_id,
                             attempt_id, api_key_id, metadata, state, fencing_token,
-                            owner_token_hash, acquired_at, expires_at, lease_expires_at, on_expiry)
+                            owner_token_hash, acquired_at, expires_at, lease_expires_at, on_expiry,
+                            retention_seconds, horizon_seconds)
     VALUES (p_operation_id, v_k.id, p_tenant_id, p_key, p_operation_name, p_fingerprint,
             p_correlation_id, p_attempt_id, p_api_key_id, p_metadata, 'in_progress',
             v_k.fencing_token + 1, p_owner_token_hash, v_now,
             v_now + make_interval(secs => p_ttl_seconds), v_now + make_interval(secs => v_lease),
-            v_policy);
+            v_policy, p_retention_seconds, p_horizon_seconds);
     v_result := 'admitted';
     v_op := p_operation_id;
     EXIT;
@@ -205,8 +237,45 @@ BEGIN
            v_h.outcome_receipt, v_h.outcome_response, v_h.outcome_note, v_h.outcome_by,
            v_h.outcome_at, v_h.released_at, v_h.release_reason,
            v_h.duplicate_attempts + COALESCE(c.d, 0), v_h.conflict_attempts + COALESCE(c.c, 0),
-           COALESCE(v_h.lease_expires_at, v_h.expires_at), v_h.on_expiry
+           COALESCE(v_h.lease_expires_at, v_h.expires_at), v_h.on_expiry, v_h.retention_seconds,
+           v_h.horizon_seconds, v_h.purge_after,
+           CASE WHEN v_tomb THEN v_k.protected_until
+                ELSE idemgate_protected_until(v_h.state, v_h.ended_at, v_h.horizon_seconds) END,
+           v_tomb
       FROM (SELECT SUM(duplicate_attempts)::bigint AS d, SUM(conflict_attempts)::bigint AS c
               FROM operation_counters WHERE operation_id = v_op) c;
 END
+$$;
+
+-- The signature revision 2 called (14 arguments, 31 columns), for an instance of that revision
+-- during a rolling upgrade: its operations are admitted without a retention (kept for
+-- IDEMGATE_RETENTION) or horizon, as before. Drop it once no revision-2 instance can run.
+CREATE OR REPLACE FUNCTION idemgate_acquire(
+  p_tenant_id bigint, p_key text, p_ttl_seconds integer, p_operation_name text,
+  p_fingerprint text, p_correlation_id text, p_metadata json, p_attempt_id text,
+  p_caller text, p_operation_id uuid, p_owner_token_hash text, p_api_key_id bigint,
+  p_lease_seconds integer, p_on_expiry text)
+RETURNS TABLE (
+  result text, readmitted boolean, db_now timestamptz,
+  prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
+  prev_outcome_receipt text,
+  op_id uuid, op_key text, op_operation_name text, op_fingerprint text, op_correlation_id text,
+  op_metadata json, op_state text, op_state_reason text, op_fencing_token bigint,
+  op_acquired_at timestamptz, op_expires_at timestamptz, op_outcome_status text,
+  op_outcome_receipt text, op_outcome_response json, op_outcome_note text, op_outcome_by text,
+  op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
+  op_duplicate_attempts bigint, op_conflict_attempts bigint,
+  op_lease_expires_at timestamptz, op_on_expiry text)
+LANGUAGE sql VOLATILE AS $$
+  SELECT f.result, f.readmitted, f.db_now, f.prev_id, f.prev_state, f.prev_fencing_token,
+         f.prev_outcome_status, f.prev_outcome_receipt, f.op_id, f.op_key, f.op_operation_name,
+         f.op_fingerprint, f.op_correlation_id, f.op_metadata, f.op_state, f.op_state_reason,
+         f.op_fencing_token, f.op_acquired_at, f.op_expires_at, f.op_outcome_status,
+         f.op_outcome_receipt, f.op_outcome_response, f.op_outcome_note, f.op_outcome_by,
+         f.op_outcome_at, f.op_released_at, f.op_release_reason, f.op_duplicate_attempts,
+         f.op_conflict_attempts, f.op_lease_expires_at, f.op_on_expiry
+    FROM idemgate_acquire(p_tenant_id, p_key, p_ttl_seconds, p_operation_name, p_fingerprint,
+                          p_correlation_id, p_metadata, p_attempt_id, p_caller, p_operation_id,
+                          p_owner_token_hash, p_api_key_id, p_lease_seconds, p_on_expiry,
+                          NULL::bigint, NULL::bigint) f
 $$;

@@ -25,7 +25,8 @@ CREATE OR REPLACE FUNCTION idemgate_acquire_batch(
   p_tenant_ids bigint[], p_keys text[], p_ttl_seconds integer[], p_operation_names text[],
   p_fingerprints text[], p_correlation_ids text[], p_metadata text[], p_attempt_ids text[],
   p_callers text[], p_operation_ids uuid[], p_owner_token_hashes text[], p_api_key_ids bigint[],
-  p_lease_seconds integer[], p_on_expiry text[], p_lock_timeout text DEFAULT NULL)
+  p_lease_seconds integer[], p_on_expiry text[], p_retention_seconds bigint[],
+  p_horizon_seconds bigint[], p_lock_timeout text DEFAULT NULL)
 RETURNS TABLE (
   ord integer, result text, readmitted boolean, db_now timestamptz,
   prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
@@ -36,7 +37,9 @@ RETURNS TABLE (
   op_outcome_receipt text, op_outcome_response json, op_outcome_note text, op_outcome_by text,
   op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
   op_duplicate_attempts bigint, op_conflict_attempts bigint,
-  op_lease_expires_at timestamptz, op_on_expiry text)
+  op_lease_expires_at timestamptz, op_on_expiry text, op_retention_seconds bigint,
+  op_horizon_seconds bigint, op_purge_after timestamptz, op_protected_until timestamptz,
+  op_evidence_purged boolean)
 LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   v_now   timestamptz := clock_timestamp();
@@ -76,13 +79,14 @@ BEGIN
   ), o AS (
     INSERT INTO operations (id, key_id, tenant_id, key, operation_name, fingerprint, correlation_id,
                             attempt_id, api_key_id, metadata, state, fencing_token,
-                            owner_token_hash, acquired_at, expires_at, lease_expires_at, on_expiry)
+                            owner_token_hash, acquired_at, expires_at, lease_expires_at, on_expiry,
+                            retention_seconds, horizon_seconds)
     SELECT p_operation_ids[u.x_i], u.x_key_id, p_tenant_ids[u.x_i], p_keys[u.x_i], p_operation_names[u.x_i],
            p_fingerprints[u.x_i], p_correlation_ids[u.x_i], p_attempt_ids[u.x_i], p_api_key_ids[u.x_i],
            p_metadata[u.x_i]::json, 'in_progress', 1, p_owner_token_hashes[u.x_i], v_now,
            v_now + make_interval(secs => p_ttl_seconds[u.x_i]),
            v_now + make_interval(secs => COALESCE(p_lease_seconds[u.x_i], p_ttl_seconds[u.x_i])),
-           COALESCE(p_on_expiry[u.x_i], 'readmit')
+           COALESCE(p_on_expiry[u.x_i], 'readmit'), p_retention_seconds[u.x_i], p_horizon_seconds[u.x_i]
       FROM u
   ), a AS (
     INSERT INTO attempts (tenant_id, key, operation_id, result, attempt_id, operation_name,
@@ -101,7 +105,8 @@ BEGIN
              NULL::text, NULL::json, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz,
              NULL::text, 0::bigint, 0::bigint,
              v_now + make_interval(secs => COALESCE(p_lease_seconds[u.x_i], p_ttl_seconds[u.x_i])),
-             COALESCE(p_on_expiry[u.x_i], 'readmit')
+             COALESCE(p_on_expiry[u.x_i], 'readmit'), p_retention_seconds[u.x_i], p_horizon_seconds[u.x_i],
+             NULL::timestamptz, NULL::timestamptz, false
         FROM unnest(v_first) AS u(x_i);
     IF cardinality(v_first) = cardinality(p_keys) THEN
       RETURN; -- every item a new key: nothing below has anything to do
@@ -176,7 +181,9 @@ BEGIN
                + count(*) FILTER (WHERE u.x_r = 'duplicate') OVER (PARTITION BY o.id ORDER BY u.x_i),
              o.conflict_attempts
                + count(*) FILTER (WHERE u.x_r = 'conflict') OVER (PARTITION BY o.id ORDER BY u.x_i),
-             COALESCE(o.lease_expires_at, o.expires_at), o.on_expiry
+             COALESCE(o.lease_expires_at, o.expires_at), o.on_expiry, o.retention_seconds,
+             o.horizon_seconds, o.purge_after, idemgate_protected_until(o.state, o.ended_at, o.horizon_seconds),
+             false
         FROM unnest(v_dup_i, v_dup_r) WITH ORDINALITY AS u(x_i, x_r, x_n)
         JOIN unnest(v_dup_o) WITH ORDINALITY AS o ON o.ordinality = u.x_n;
     -- Counted in this connection's own counter row, as idemgate_acquire does: one row
@@ -199,7 +206,41 @@ BEGIN
       SELECT i, f.* FROM idemgate_acquire(p_tenant_ids[i], p_keys[i], p_ttl_seconds[i],
         p_operation_names[i], p_fingerprints[i], p_correlation_ids[i], p_metadata[i]::json,
         p_attempt_ids[i], p_callers[i], p_operation_ids[i], p_owner_token_hashes[i],
-        p_api_key_ids[i], p_lease_seconds[i], p_on_expiry[i]) f;
+        p_api_key_ids[i], p_lease_seconds[i], p_on_expiry[i], p_retention_seconds[i],
+        p_horizon_seconds[i]) f;
   END LOOP;
 END
+$$;
+
+-- The signature revision 2 called, for an instance of that revision during a rolling upgrade
+-- (see idemgate_acquire's). Drop it once no revision-2 instance can run.
+CREATE OR REPLACE FUNCTION idemgate_acquire_batch(
+  p_tenant_ids bigint[], p_keys text[], p_ttl_seconds integer[], p_operation_names text[],
+  p_fingerprints text[], p_correlation_ids text[], p_metadata text[], p_attempt_ids text[],
+  p_callers text[], p_operation_ids uuid[], p_owner_token_hashes text[], p_api_key_ids bigint[],
+  p_lease_seconds integer[], p_on_expiry text[], p_lock_timeout text DEFAULT NULL)
+RETURNS TABLE (
+  ord integer, result text, readmitted boolean, db_now timestamptz,
+  prev_id uuid, prev_state text, prev_fencing_token bigint, prev_outcome_status text,
+  prev_outcome_receipt text,
+  op_id uuid, op_key text, op_operation_name text, op_fingerprint text, op_correlation_id text,
+  op_metadata json, op_state text, op_state_reason text, op_fencing_token bigint,
+  op_acquired_at timestamptz, op_expires_at timestamptz, op_outcome_status text,
+  op_outcome_receipt text, op_outcome_response json, op_outcome_note text, op_outcome_by text,
+  op_outcome_at timestamptz, op_released_at timestamptz, op_release_reason text,
+  op_duplicate_attempts bigint, op_conflict_attempts bigint,
+  op_lease_expires_at timestamptz, op_on_expiry text)
+LANGUAGE sql VOLATILE AS $$
+  SELECT f.ord, f.result, f.readmitted, f.db_now, f.prev_id, f.prev_state, f.prev_fencing_token,
+         f.prev_outcome_status, f.prev_outcome_receipt, f.op_id, f.op_key, f.op_operation_name,
+         f.op_fingerprint, f.op_correlation_id, f.op_metadata, f.op_state, f.op_state_reason,
+         f.op_fencing_token, f.op_acquired_at, f.op_expires_at, f.op_outcome_status,
+         f.op_outcome_receipt, f.op_outcome_response, f.op_outcome_note, f.op_outcome_by,
+         f.op_outcome_at, f.op_released_at, f.op_release_reason, f.op_duplicate_attempts,
+         f.op_conflict_attempts, f.op_lease_expires_at, f.op_on_expiry
+    FROM idemgate_acquire_batch(p_tenant_ids, p_keys, p_ttl_seconds, p_operation_names, p_fingerprints,
+                                p_correlation_ids, p_metadata, p_attempt_ids, p_callers, p_operation_ids,
+                                p_owner_token_hashes, p_api_key_ids, p_lease_seconds, p_on_expiry,
+                                array_fill(NULL::bigint, ARRAY[cardinality(p_keys)]),
+                                array_fill(NULL::bigint, ARRAY[cardinality(p_keys)]), p_lock_timeout) f
 $$;
