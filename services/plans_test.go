@@ -148,6 +148,38 @@ SELECT k.last_operation_id, k.tenant_id, k.key, k.id,
 	})
 }
 
+// TestPurgePlansUseTheirIndexes: over 40,000 ended operations, half with a purge_after (a
+// policy's retention) and half ended before lifecycles (none), each of the purge's walks reads
+// its own partial index from where the last batch ended, never the operations table: a purge
+// that scanned the table would read every operation once per batch of 1,000.
+func TestPurgePlansUseTheirIndexes(t *testing.T) {
+	t.Parallel()
+	onPostgres(t, func(t *testing.T, b *testBundle) {
+		require.NoError(t, b.db.Exec(`INSERT INTO idem_keys (tenant_id, key, fencing_token, last_operation_id, acquired_at)
+SELECT ?, 'purge-' || g, 1, gen_random_uuid(), now() - (g * interval '129 seconds') FROM generate_series(1, 40000) g`, b.p.TenantID).Error)
+		require.NoError(t, b.db.Exec(`INSERT INTO operations (id, tenant_id, key, key_id, state, fencing_token, owner_token_hash,
+  acquired_at, expires_at, ended_at, retention_seconds, purge_after)
+SELECT k.last_operation_id, k.tenant_id, k.key, k.id, 'succeeded', 1, 'plan', k.acquired_at, k.acquired_at + interval '1 hour',
+       k.acquired_at + interval '1 minute', CASE WHEN k.id % 2 = 0 THEN 86400 END,
+       CASE WHEN k.id % 2 = 0 THEN k.acquired_at + interval '1 day' END
+  FROM idem_keys k WHERE k.tenant_id = ? AND k.key LIKE 'purge-%'`, b.p.TenantID).Error)
+		require.NoError(t, b.db.Exec("ANALYZE operations").Error)
+		now := time.Now().UTC()
+		dry := b.db.Session(&gorm.Session{DryRun: true})
+		for i, src := range purgeSources(now, 30*24*time.Hour) {
+			for _, after := range []*purgeCandidate{nil, {ID: "00000000-0000-0000-0000-000000000000", Mark: now.Add(-40 * 24 * time.Hour)}} {
+				var cands []purgeCandidate
+				st := purgeScan(dry, src, after, 1000).Find(&cands).Statement
+				var lines []string
+				require.NoError(t, b.db.Raw("EXPLAIN "+st.SQL.String(), st.Vars...).Scan(&lines).Error)
+				p := strings.Join(lines, "\n")
+				require.Contains(t, p, []string{"operations_purge", "operations_ended"}[i], "%s:\n%s", src.column, p)
+				require.NotContains(t, p, "Seq Scan on operations", "%s:\n%s", src.column, p)
+			}
+		}
+	})
+}
+
 // TestPrefixEnd: prefixEnd bounds exactly the strings that start with its argument, in the
 // byte order both databases compare keys in (UTF-8 byte order is code point order).
 func TestPrefixEnd(t *testing.T) {

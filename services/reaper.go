@@ -332,10 +332,7 @@ func (r *Reaper) purge(ctx context.Context, res *ReapResult) error {
 	// (admitted before lifecycles, or ended by an older build during a rolling upgrade) by
 	// ended_at and the reaper's retention, as before. Each walk has an index of its own
 	// (operations_purge, operations_ended), so the second costs nothing once those are gone.
-	for _, src := range []purgeSource{
-		{column: "purge_after", where: "purge_after IS NOT NULL", cutoff: now},
-		{column: "ended_at", where: "ended_at IS NOT NULL AND purge_after IS NULL", cutoff: now.Add(-r.retention)},
-	} {
+	for _, src := range purgeSources(now, r.retention) {
 		if err := r.purgeWalk(ctx, res, src, now); err != nil {
 			return err
 		}
@@ -372,14 +369,8 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 		// Each scan goes on from where the last one ended (keyset on the column, id): the
 		// operations the last batch deleted stay in the index as dead entries until a vacuum,
 		// and a scan from the start visited every one of them again.
-		q := db.Model(&models.Operation{}).Where(src.where).Where(src.column+" < ?", src.cutoff).
-			Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)")
-		if after != nil {
-			q = q.Where(src.column+" >= ? AND ("+src.column+", id) > (?, ?)", after.Mark, after.Mark, after.ID)
-		}
 		var cands []purgeCandidate
-		err := q.Select("id", src.column+" AS mark", "key_id", "fencing_token").Order(src.column + ", id").
-			Limit(batchSize).Find(&cands).Error
+		err := purgeScan(db, src, after, batchSize).Find(&cands).Error
 		if err != nil {
 			cancel()
 			return err
@@ -456,6 +447,26 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 		}
 	}
 	return nil
+}
+
+// purgeSources are the purge's walks at now, with retention the installation's: operations
+// with a purge_after, then those ended without one.
+func purgeSources(now time.Time, retention time.Duration) []purgeSource {
+	return []purgeSource{
+		{column: "purge_after", where: "purge_after IS NOT NULL", cutoff: now},
+		{column: "ended_at", where: "ended_at IS NOT NULL AND purge_after IS NULL", cutoff: now.Add(-retention)},
+	}
+}
+
+// purgeScan is the query of one batch of src's candidates after the keyset after (nil: from
+// the start), at most limit, in the order of src's index (TestPurgePlansUseTheirIndexes).
+func purgeScan(db *gorm.DB, src purgeSource, after *purgeCandidate, limit int) *gorm.DB {
+	q := db.Model(&models.Operation{}).Where(src.where).Where(src.column+" < ?", src.cutoff).
+		Where("NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.holder_operation_id = operations.id)")
+	if after != nil {
+		q = q.Where(src.column+" >= ? AND ("+src.column+", id) > (?, ?)", after.Mark, after.Mark, after.ID)
+	}
+	return q.Select("id", src.column+" AS mark", "key_id", "fencing_token").Order(src.column + ", id").Limit(limit)
 }
 
 // writeTombstones writes, in tx, the tombstone of each of the operations ids (about to be

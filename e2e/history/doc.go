@@ -55,6 +55,14 @@
 //     invalid_transition only when it is not in_progress or not the holder.
 //   - GET /v1/keys/{key}: 404 only if never admitted; held=true only for the live current
 //     holder; the operation named is the newest admission with its fencing token.
+//   - lifecycle (docs/reference.md §2): the two-process run sets a policy that gives "charge"
+//     a retention of 1 s and a horizon of 2 s, and its servers reap every second. A success of
+//     "charge" keeps its key from a new admission until 2 s after its outcome call (the end
+//     lies within the call), answered 200 by the operation or, once purged, by its tombstone
+//     (the recorder counts those), and 422 for another request; after that the key may be
+//     admitted with the next fencing token. A purged operation's outcome or renew may be 404,
+//     and GET /v1/keys may then name no operation. The fake gives "charge" the same horizon,
+//     and a fake that re-admits a success after its TTL within the horizon must be caught.
 //
 // What it abstracts:
 //
@@ -76,7 +84,14 @@
 //
 // After the run the database itself is checked (history_test.go): every 201 is exactly one
 // operations row, fencing tokens per key are exactly 1..n, at most one hold per key and it
-// names the newest operation, and every answered acquire is in the attempt log.
+// names the newest operation, and every answered acquire is in the attempt log; with purges,
+// an admitted operation may be gone (with its attempts), and tokens are distinct and within
+// the key's.
+//
+// tombstone_crash_test.go kills reapers with SIGKILL while they turn expired successes into
+// tombstones (TOMBSTONE_N keys, default 3,000; the report used 100,000), with callers
+// retrying every key: no re-admission within a horizon, and no duplicate answered with another
+// or a missing response.
 //
 // Faults (faults_test.go): the same workload and checks run with one server process killed
 // (SIGKILL) and restarted twice, with the test database's PostgreSQL backends terminated every

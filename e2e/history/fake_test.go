@@ -25,6 +25,8 @@ type fakeOp struct {
 	fencing                                  int64
 	exp, lease                               time.Time
 	hold                                     bool
+	// protected is when a success's horizon ends (docs/reference.md §2 "Lifecycle").
+	protected time.Time
 }
 
 type fakeKey struct {
@@ -41,6 +43,7 @@ const (
 	fakeNoOwnerRelease = "release without the owner compare"
 	fakeNoOwnerRenew   = "renew without the owner check"
 	fakeHoldReadmits   = "hold_until_reconciled that re-admits after the TTL"
+	fakeHorizonIgnored = "a horizon that re-admits a success after the TTL"
 )
 
 type fakeServer struct {
@@ -48,10 +51,12 @@ type fakeServer struct {
 	broken string
 	keys   map[string]*fakeKey
 	ops    map[string]*fakeOp
+	// horizons is the horizon of each operation name, as policies would set it.
+	horizons map[string]time.Duration
 }
 
-func newFakeServer(broken string) *fakeServer {
-	return &fakeServer{broken: broken, keys: map[string]*fakeKey{}, ops: map[string]*fakeOp{}}
+func newFakeServer(broken string, horizons map[string]time.Duration) *fakeServer {
+	return &fakeServer{broken: broken, keys: map[string]*fakeKey{}, ops: map[string]*fakeOp{}, horizons: horizons}
 }
 
 func randID() string {
@@ -82,18 +87,22 @@ func (f *fakeServer) lapse(o *fakeOp, now time.Time) {
 	}
 }
 
-// protects reports whether the holder of k still keeps the key: a live hold, or
-// hold_until_reconciled with an unknown outcome; caller holds f.mu.
+// protects reports whether the holder of k still keeps the key: a live hold,
+// hold_until_reconciled with an unknown outcome, or a success within its horizon; caller
+// holds f.mu.
 func (f *fakeServer) protects(k *fakeKey, now time.Time) bool {
 	if f.live(k, now) {
 		return true
 	}
-	if k == nil || k.holder == "" || f.broken == fakeHoldReadmits {
+	if k == nil || k.holder == "" {
 		return false
 	}
 	h := f.ops[k.holder]
 	f.lapse(h, now)
-	return h.hold && h.state == "uncertain"
+	if h.state == "succeeded" && now.Before(h.protected) && f.broken != fakeHorizonIgnored {
+		return true
+	}
+	return h.hold && h.state == "uncertain" && f.broken != fakeHoldReadmits
 }
 
 // live reports whether k is held now; caller holds f.mu.
@@ -303,6 +312,9 @@ func (f *fakeServer) outcome(w http.ResponseWriter, id, token, status string, re
 	case status == o.outcome:
 	case o.state == "in_progress" || (o.state == "uncertain" && status != "uncertain"):
 		o.state, o.outcome = status, status
+		if status == "succeeded" {
+			o.protected = time.Now().Add(f.horizons[o.name])
+		}
 		if k := f.keys[o.key]; release && k.holder == id && f.live(k, time.Now()) {
 			o.state, k.holder = "released", ""
 		}
@@ -324,12 +336,16 @@ func (f *fakeServer) get(w http.ResponseWriter, key string) {
 	reply(w, 200, map[string]any{"key": key, "held": f.live(k, time.Now()), "operation": f.opJSON(f.ops[k.last])})
 }
 
+// runFake runs the workload against a fake server with the given bug, its "charge" successes
+// keeping their keys 2 s past their end (a horizon), and checks the history.
 func runFake(t *testing.T, broken string) porcupine.CheckResult {
-	srv := httptest.NewServer(newFakeServer(broken))
+	horizons := map[string]time.Duration{"charge": 2 * time.Second}
+	srv := httptest.NewServer(newFakeServer(broken, horizons))
 	defer srv.Close()
 	w := newWorkload([]string{srv.URL}, "fake", 3*time.Second)
+	w.horizons = horizons
 	_, history := w.run(t)
-	res, _ := check(t, modelOptions{}, history, 30*time.Second)
+	res, _ := check(t, w.modelOptions(false), history, 30*time.Second)
 	return res
 }
 
@@ -354,6 +370,13 @@ func TestCheckerCatchesRenewWithoutOwnerCheck(t *testing.T) {
 // operation is uncertain, TTL or not; a server that re-admits after the TTL must be caught.
 func TestCheckerCatchesHoldPolicyReadmitting(t *testing.T) {
 	require.Equal(t, porcupine.Illegal, runFake(t, fakeHoldReadmits), "the re-admission of an uncertain key went unnoticed")
+}
+
+// TestCheckerCatchesHorizonIgnored: a success must keep its key until its horizon ends
+// (docs/reference.md §2 "Lifecycle"); a server that admits the key again once the TTL is over
+// must be caught.
+func TestCheckerCatchesHorizonIgnored(t *testing.T) {
+	require.Equal(t, porcupine.Illegal, runFake(t, fakeHorizonIgnored), "the re-admission within the horizon went unnoticed")
 }
 
 // TestCheckerCatchesReleaseWithoutOwnerCheck: a release that does not compare the owner token

@@ -72,6 +72,10 @@ type opInfo struct {
 	lexp    int64 // lease end (docs/reference.md §8); 0 absent (the lease is the TTL), -1 unknown (a lost renew answer)
 	hold    bool  // on_expiry hold_until_reconciled
 	fencing int64
+	// plo and phi bound when a success's horizon ends (docs/reference.md §2 "Lifecycle"): its
+	// outcome call's start and return plus the horizon of its operation name; 0 without one.
+	// Until then the key refuses new admissions, answered by the operation or its tombstone.
+	plo, phi int64
 }
 
 // keyState is the model state of one key (the model is partitioned per key).
@@ -120,6 +124,11 @@ func leaseLiveAt(o opInfo, call int64) bool {
 	return call <= o.lexp+clockSkew
 }
 
+// ended reports whether o has ended (docs/reference.md §3), so retention may purge it.
+func ended(o opInfo) bool {
+	return o.state == "succeeded" || o.state == "failed" || o.state == "released"
+}
+
 // blocks reports whether a hold_until_reconciled operation keeps its key past the TTL: its
 // outcome is unknown (in_progress or uncertain). A succeeded one may keep answering its
 // duplicates past the TTL or be taken over; both are accepted (protects).
@@ -134,7 +143,16 @@ func (s keyState) free(ret int64) bool {
 		return true
 	}
 	h := s.ops[s.holder]
-	return expiredBy(h, ret) && !blocks(h)
+	return expiredBy(h, ret) && !blocks(h) && !surelyProtected(h, ret)
+}
+
+// surelyProtected reports whether a success's horizon certainly lasted up to ret;
+// mayBeProtected whether it may still have lasted at call.
+func surelyProtected(o opInfo, ret int64) bool {
+	return o.state == "succeeded" && o.plo > 0 && ret < o.plo-clockSkew
+}
+func mayBeProtected(o opInfo, call int64) bool {
+	return o.state == "succeeded" && o.phi > 0 && call <= o.phi+clockSkew
 }
 
 // unheld reports whether the key's hold may have expired (or there is none) by ret, whatever
@@ -149,7 +167,7 @@ func (s keyState) liveHolder(call int64) bool {
 		return false
 	}
 	h := s.ops[s.holder]
-	return liveAt(h, call) || protects(h)
+	return liveAt(h, call) || protects(h) || mayBeProtected(h, call)
 }
 
 // matchesHolder reports whether id names the holder; an admission whose answer was lost has
@@ -239,8 +257,13 @@ func outcomeTargets(o opInfo, in callInput, heldByIt, notHeld bool) (targets []s
 	return nil, true
 }
 
-func applyOutcome(s keyState, id string, in callInput, state string) keyState {
+// applyOutcome records that outcome call in (answered at ret) left operation id in state; a
+// first success starts the horizon of its operation name (opts.horizon).
+func applyOutcome(opts modelOptions, s keyState, id string, in callInput, state string, ret int64) keyState {
 	o := s.ops[id]
+	if h := opts.horizon[o.name]; state == "succeeded" && o.state != "succeeded" && h > 0 {
+		o.plo, o.phi = in.Call+h, ret+h
+	}
 	o.state, o.outcome = state, in.Status
 	c := s.with(id, o)
 	if state == "released" && c.holder == id {
@@ -256,6 +279,12 @@ type modelOptions struct {
 	// hold, so a concurrent release or outcome shows through). Only the state is relaxed: the
 	// duplicate must still name the live holder with the same fingerprint and operation.
 	tornDuplicate bool
+	// horizon is the horizon of each operation name (nanoseconds) as the run's policies set
+	// it (docs/reference.md §2 "Lifecycle"); nil: no policies.
+	horizon map[string]int64
+	// purges: the run's retention purges ended operations, so an outcome, renew or read of
+	// one may find it gone (404), and GET /v1/keys may name no operation.
+	purges bool
 }
 
 func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyState {
@@ -342,6 +371,12 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 		}
 		return nil
 	case kindRenew:
+		if o, known := s.ops[in.Op]; known && out.Status == 404 && out.Code == "not_found" {
+			if opts.purges && ended(o) {
+				return []keyState{s} // purged
+			}
+			return nil
+		}
 		return stepRenew(s, in, out)
 	case kindRelease:
 		o, known := s.ops[in.Op]
@@ -390,6 +425,12 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 		if _, known := s.ops[in.Op]; !known {
 			return nil
 		}
+		if out.Status == 404 && out.Code == "not_found" {
+			if opts.purges && ended(s.ops[in.Op]) {
+				return []keyState{s} // purged
+			}
+			return nil
+		}
 		var next []keyState
 		for _, v := range reaperVariants(s, in.Op, out.Ret) {
 			o := v.ops[in.Op]
@@ -401,7 +442,7 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 				next = append(next, v)
 				if !in.BadToken {
 					for _, t := range targets {
-						next = append(next, applyOutcome(v, in.Op, in, t))
+						next = append(next, applyOutcome(opts, v, in.Op, in, t, out.Ret))
 					}
 				}
 			case out.Status == 200:
@@ -410,7 +451,7 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 				}
 				for _, t := range targets {
 					if t == out.State {
-						next = append(next, applyOutcome(v, in.Op, in, t))
+						next = append(next, applyOutcome(opts, v, in.Op, in, t, out.Ret))
 					}
 				}
 			case out.Status == 403:
@@ -433,6 +474,9 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 		}
 		if out.Status != 200 || s.fencing == 0 {
 			return nil
+		}
+		if out.OpID == "" && !out.Held && opts.purges && !unseen(s.last) && ended(s.ops[s.last]) {
+			return []keyState{s} // its newest operation was purged
 		}
 		if out.Held {
 			if !s.liveHolder(in.Call) || !s.matchesHolder(out.OpID) {

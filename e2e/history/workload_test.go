@@ -65,6 +65,24 @@ type workload struct {
 	// acquired with on_expiry hold_until_reconciled, and owners renew their leases
 	// (docs/reference.md §8). The database-fault runs turn it off (see there).
 	leases bool
+	// horizons is the horizon the server's policies give each operation name (docs/reference.md
+	// §2 "Lifecycle"), for the model; purges says the server's retention purges ended
+	// operations during the run. Set by the runs that set such policies.
+	horizons map[string]time.Duration
+	purges   bool
+}
+
+// modelOptions is what the model must know of the run's server (relaxed for torn duplicates
+// when torn).
+func (w *workload) modelOptions(torn bool) modelOptions {
+	opts := modelOptions{tornDuplicate: torn, purges: w.purges}
+	if len(w.horizons) > 0 {
+		opts.horizon = map[string]int64{}
+		for name, d := range w.horizons {
+			opts.horizon[name] = int64(d)
+		}
+	}
+	return opts
 }
 
 func newWorkload(urls []string, prefix string, duration time.Duration) *workload {
@@ -355,6 +373,9 @@ func (rec *recorder) recorderFor(c int, mine *[]owned, crashes bool) recordFunc 
 		// Times are taken outside the lock: the lock only orders appends.
 		rec.mu.Lock()
 		rec.statuses[fmt.Sprintf("%s %d", in.Kind, status)]++
+		if in.Kind == kindAcquire && status == 200 && sub(resp, "operation")["evidence_purged"] == true {
+			rec.statuses["acquire 200 from a tombstone"]++ // counted among the 200s too
+		}
 		if in.Kind == kindAcquire && !out.Unknown {
 			// A 409 outcome_uncertain is a duplicate attempt refused (docs/reference.md §8).
 			result := map[int]string{201: "admitted", 200: "duplicate", 409: "duplicate", 422: "conflict"}[status]
