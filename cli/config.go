@@ -204,11 +204,11 @@ func (r *envReader) get(name string) string { return r.getenv(name) }
 // refuse records problems.
 func (r *envReader) refuse(problems ...error) { r.errs = append(r.errs, problems...) }
 
-// duration returns the variable as a positive duration (parseDuration); 0 and a problem when
+// duration returns the variable as a positive duration (services.ParseDuration); 0 and a problem when
 // it is not one.
 func (r *envReader) duration(name string) time.Duration {
 	v := r.getenv(name)
-	d, err := parseDuration(v)
+	d, err := services.ParseDuration(v)
 	if err != nil || d <= 0 {
 		r.refuse(fmt.Errorf("%s=%q: want a positive duration such as 30s, 12h or 30d", name, v))
 		return 0
@@ -374,23 +374,4 @@ func loopbackAddr(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-// parseDuration accepts "30d", Go durations, and bare seconds.
-func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if n < 0 || n > 100*365*24*3600 {
-			return 0, fmt.Errorf("seconds out of range: %q", s)
-		}
-		return time.Duration(n) * time.Second, nil
-	}
-	if d, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.ParseFloat(d, 64)
-		if err != nil || n < 0 || n > 100*365 {
-			return 0, fmt.Errorf("days out of range: %q", s)
-		}
-		return time.Duration(n * float64(24*time.Hour)), nil
-	}
-	return time.ParseDuration(s)
 }

@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -80,19 +79,6 @@ func TestLoadConfigParsesAndReportsEveryProblem(t *testing.T) {
 		"IDEMGATE_METRICS_TOKEN"} {
 		require.Contains(t, err.Error(), name)
 	}
-}
-
-// FuzzParseDuration: never panics, and what it accepts is a non-negative duration.
-func FuzzParseDuration(f *testing.F) {
-	for _, s := range []string{"30d", "1.5d", "90s", "12h", "3600", "-1", "1e400d", "9223372036854775807", "d", ""} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		d, err := parseDuration(s)
-		if err == nil && d < 0 && !strings.HasPrefix(strings.TrimSpace(s), "-") {
-			t.Fatalf("parseDuration(%q) = %v", s, d)
-		}
-	})
 }
 
 // TestLoadConfigRefusesMaxTTLBeyondStores: IDEMGATE_MAX_TTL above services.MaxTTL (2^31-1

@@ -51,7 +51,7 @@ func policyCmd(env Env) *cobra.Command {
 				return err
 			}
 			return withPolicies(c, func(ps *services.Policies) error {
-				p, err := ps.Set(c.Context(), cliActor, in)
+				p, err := ps.Set(c.Context(), services.Installation(), in)
 				if err != nil {
 					return describe(err)
 				}
@@ -106,7 +106,7 @@ func policyCmd(env Env) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			return withPolicies(c, func(ps *services.Policies) error {
-				if err := ps.Delete(c.Context(), cliActor, delTenant, delOperation); err != nil {
+				if err := ps.Delete(c.Context(), services.Installation(), delTenant, delOperation); err != nil {
 					return describe(err)
 				}
 				fmt.Fprintf(env.Stderr, "policy deleted for tenant %q, %s\n", delTenant, scope(delOperation))
@@ -127,7 +127,7 @@ func optionalDuration(c *cobra.Command, name, s string) (*time.Duration, error) 
 	if !c.Flags().Changed(name) {
 		return nil, nil
 	}
-	d, err := parseDuration(s)
+	d, err := services.ParseDuration(s)
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", name, err)
 	}

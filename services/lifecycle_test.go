@@ -22,7 +22,7 @@ func TestLifecycleHorizonAndTombstones(t *testing.T) {
 		ps := NewPolicies(b.db, nil)
 		adm := b.adm.WithPolicies(ps)
 		tenant := b.tenantName(t)
-		_, err := ps.Set(bg, "test", PolicyInput{Tenant: tenant, Operation: "charge", Retention: &retention, Horizon: &horizon})
+		_, err := ps.Set(bg, Installation(), PolicyInput{Tenant: tenant, Operation: "charge", Retention: &retention, Horizon: &horizon})
 		require.NoError(t, err)
 
 		req := AcquireInput{Key: "pay-1", TTLSeconds: 5, Operation: ptr("charge"), Fingerprint: ptr("fp")}
@@ -32,7 +32,7 @@ func TestLifecycleHorizonAndTombstones(t *testing.T) {
 		require.Equal(t, int64(10), deref(first.RetentionSeconds))
 		require.Equal(t, int64(60), deref(first.HorizonSeconds))
 		one := time.Second
-		_, err = ps.Set(bg, "test", PolicyInput{Tenant: tenant, Operation: "charge", Retention: &one, Horizon: &one})
+		_, err = ps.Set(bg, Installation(), PolicyInput{Tenant: tenant, Operation: "charge", Retention: &one, Horizon: &one})
 		require.NoError(t, err, "a later, shorter policy")
 		_, err = adm.RecordOutcome(bg, b.p, first.OperationID, OutcomeInput{OwnerToken: first.OwnerToken,
 			Status: StateSucceeded, Receipt: ptr("ch_1"), Response: json.RawMessage(`{"id":1}`)})
@@ -122,7 +122,7 @@ func TestHorizonKeepsOnlySuccesses(t *testing.T) {
 	eachDB(t, func(t *testing.T, b *testBundle) {
 		ps := NewPolicies(b.db, nil)
 		adm := b.adm.WithPolicies(ps)
-		_, err := ps.Set(bg, "test", PolicyInput{Tenant: b.tenantName(t), Operation: "charge", Retention: &retention, Horizon: &horizon})
+		_, err := ps.Set(bg, Installation(), PolicyInput{Tenant: b.tenantName(t), Operation: "charge", Retention: &retention, Horizon: &horizon})
 		require.NoError(t, err)
 		for _, c := range []struct {
 			name   string

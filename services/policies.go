@@ -120,10 +120,15 @@ func (ps *Policies) WithRetention(d time.Duration) *Policies {
 
 // Set stores in as the policy of its tenant and operation, replacing the one there was: fields
 // not given are not set afterwards (the less specific policy or the default decides them).
-// actor is who changed it (an operator's username, or "cli"). Errors: ErrInvalidRequest
-// (fields tenant, operation, ttl, lease, on_expiry, and a policy that sets nothing),
-// ErrStoreUnavailable.
-func (ps *Policies) Set(ctx context.Context, actor string, in PolicyInput) (*PolicyInfo, error) {
+// by is who changes it: a global admin's account, or Installation() for the command line
+// (recorded as "cli"). Errors: CodeUnauthorized (by is not a global admin), ErrInvalidRequest (fields
+// tenant, operation, ttl, lease, on_expiry, retention, horizon, and a policy that sets
+// nothing), ErrStoreUnavailable.
+func (ps *Policies) Set(ctx context.Context, by *OperatorAccount, in PolicyInput) (*PolicyInfo, error) {
+	if mayCreateOrRevoke(by) != nil {
+		return nil, errPolicyNotAdmin
+	}
+	actor := actorName(by)
 	if err := in.validate(); err != nil {
 		return nil, err
 	}
@@ -155,9 +160,14 @@ func (ps *Policies) Set(ctx context.Context, actor string, in PolicyInput) (*Pol
 // errNoPolicy is Delete's ErrNotFound, saying what was not found.
 var errNoPolicy = &Error{Code: CodeNotFound, Message: "There is no policy for this tenant and operation."}
 
-// Delete removes the policy of tenant and operation ("" the tenant-wide one). Errors:
-// ErrInvalidRequest (an unknown tenant), ErrNotFound (no such policy), ErrStoreUnavailable.
-func (ps *Policies) Delete(ctx context.Context, actor, tenant, operation string) error {
+// Delete removes the policy of tenant and operation ("" the tenant-wide one); by as for Set.
+// Errors: CodeUnauthorized, ErrInvalidRequest (an unknown tenant), ErrNotFound (no such policy),
+// ErrStoreUnavailable.
+func (ps *Policies) Delete(ctx context.Context, by *OperatorAccount, tenant, operation string) error {
+	if mayCreateOrRevoke(by) != nil {
+		return errPolicyNotAdmin
+	}
+	actor := actorName(by)
 	var tenantID int64
 	err := ps.db.Tx(ctx, func(tx *gorm.DB) error {
 		id, err := tenantIDByName(tx, tenant)
@@ -389,6 +399,19 @@ func validateLifecycleDuration(d *time.Duration) string {
 		return "must be whole seconds from 1s to 100 years"
 	}
 	return ""
+}
+
+// errPolicyNotAdmin refuses a policy change to anyone but a global admin (or the
+// installation): a policy decides how long every key of a tenant is protected.
+var errPolicyNotAdmin = &Error{Code: CodeUnauthorized, Message: "Only a global admin account may change policies."}
+
+// actorName is how a change by by is recorded: the account's username, "cli" for the
+// installation (the command line).
+func actorName(by *OperatorAccount) string {
+	if by == installation {
+		return "cli"
+	}
+	return by.Username
 }
 
 // tenantIDByName is the id of the tenant named name. Errors: errNoSuchTenant, or the query's.

@@ -30,7 +30,7 @@ func TestPolicyValidation(t *testing.T) {
 			{"bad on_expiry", PolicyInput{Tenant: tenant, OnExpiry: ptr("never")}, []string{"on_expiry"}},
 			{"several", PolicyInput{Tenant: tenant, Operation: "a b", TTL: d("0s"), OnExpiry: ptr("x")}, []string{"operation", "ttl", "on_expiry"}},
 		} {
-			_, err := ps.Set(bg, "test", c.in)
+			_, err := ps.Set(bg, Installation(), c.in)
 			var de *Error
 			require.True(t, errors.As(err, &de), "%s: %v", c.name, err)
 			require.Equal(t, CodeInvalidRequest, de.Code, c.name)
@@ -39,6 +39,15 @@ func TestPolicyValidation(t *testing.T) {
 				got = append(got, f.Field)
 			}
 			require.Equal(t, c.fields, got, c.name)
+		}
+		hour := time.Hour
+		tenantAdmin := &OperatorAccount{Username: "t-admin", Role: RoleAdmin, TenantID: &b.p.TenantID}
+		for _, by := range []*OperatorAccount{nil, {Username: "op", Role: RoleOperator}, tenantAdmin} {
+			_, err := ps.Set(bg, by, PolicyInput{Tenant: tenant, TTL: &hour})
+			var de *Error
+			require.True(t, errors.As(err, &de), "%v", err)
+			require.Equal(t, CodeUnauthorized, de.Code, "only a global admin (or the installation) sets a policy")
+			require.Equal(t, CodeUnauthorized, ps.Delete(bg, by, tenant, "").(*Error).Code)
 		}
 		list, err := ps.List(bg, tenant)
 		require.NoError(t, err)
@@ -61,9 +70,9 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 		_, err := adm.Acquire(bg, b.p, AcquireInput{Key: "no-ttl"})
 		requireFieldError(t, err, "ttl_seconds")
 
-		_, err = ps.Set(bg, "test", PolicyInput{Tenant: tenant, TTL: &hour, OnExpiry: ptr(OnExpiryHold)})
+		_, err = ps.Set(bg, Installation(), PolicyInput{Tenant: tenant, TTL: &hour, OnExpiry: ptr(OnExpiryHold)})
 		require.NoError(t, err)
-		_, err = ps.Set(bg, "test", PolicyInput{Tenant: tenant, Operation: "charge", TTL: &week, Lease: &minute})
+		_, err = ps.Set(bg, Installation(), PolicyInput{Tenant: tenant, Operation: "charge", TTL: &week, Lease: &minute})
 		require.NoError(t, err)
 
 		pf, err := ps.InForce(bg, b.p.TenantID, ptr("charge"))
@@ -108,8 +117,8 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 			require.Equal(t, want, ttl, "batch item %d", i)
 		}
 
-		require.NoError(t, ps.Delete(bg, "test", tenant, ""))
-		err = ps.Delete(bg, "test", tenant, "")
+		require.NoError(t, ps.Delete(bg, Installation(), tenant, ""))
+		err = ps.Delete(bg, Installation(), tenant, "")
 		var de *Error
 		require.True(t, errors.As(err, &de))
 		require.Equal(t, CodeNotFound, de.Code)
@@ -128,7 +137,7 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, list, 1)
 		require.Equal(t, "charge", list[0].Operation)
-		require.Equal(t, "test", list[0].UpdatedBy)
+		require.Equal(t, "cli", list[0].UpdatedBy, "the installation is the command line")
 	})
 }
 

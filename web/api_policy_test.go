@@ -32,7 +32,7 @@ func TestAPIPolicy(t *testing.T) {
 		require.Contains(t, res.raw, `"ttl_seconds"`)
 
 		day := 24 * time.Hour
-		_, err := s.policies.Set(context.Background(), "test", services.PolicyInput{Tenant: p.TenantName, Operation: "charge", TTL: &day,
+		_, err := s.policies.Set(context.Background(), services.Installation(), services.PolicyInput{Tenant: p.TenantName, Operation: "charge", TTL: &day,
 			OnExpiry: new(services.OnExpiryHold)})
 		require.NoError(t, err)
 		res = c.do("GET", "/v1/policy?operation=charge", nil)

@@ -20,6 +20,8 @@ var adminFlashes = map[string]string{
 	"role":             "Role saved. It applies at the account's next request.",
 	"deleted":          "Operator account deleted. Its sessions end at their next request.",
 	"webhook-deleted":  "Webhook endpoint deleted. Its pending deliveries end as failed.",
+	"policy-set":       "Policy set. New admissions take it within 5 seconds; admitted operations keep theirs.",
+	"policy-deleted":   "Policy deleted. New admissions take the tenant-wide policy or the defaults within 5 seconds.",
 	"webhook-disabled": "Webhook endpoint disabled. It gets no new events; pending deliveries wait.",
 	"webhook-enabled":  "Webhook endpoint enabled. Pending deliveries resume.",
 }
@@ -181,6 +183,9 @@ func (s *Server) renderAdmin(c *fiber.Ctx, status int, p views.AdminProps) error
 	}
 	for _, t := range tenants {
 		p.Tenants = append(p.Tenants, t.Name)
+	}
+	if err := s.adminPoliciesProps(c, acct, p.Tenants, &p.Policies); err != nil {
+		return err
 	}
 	if p.OperatorForm.Role == "" {
 		p.OperatorForm.Role = services.RoleOperator

@@ -313,6 +313,19 @@ func operationProps(nav views.Nav, d *services.OperatorOperation) views.Operatio
 	if d.OnExpiry == services.OnExpiryHold {
 		v.OnExpiry = "hold until reconciled"
 	}
+	v.Retention, v.Horizon = "the installation's (IDEMGATE_RETENTION)", "none: the TTL alone protects the key"
+	if d.RetentionSeconds != nil {
+		v.Retention = formatTTL(time.Duration(*d.RetentionSeconds) * time.Second)
+	}
+	if d.HorizonSeconds != nil {
+		v.Horizon = formatTTL(time.Duration(*d.HorizonSeconds)*time.Second) + " after a success"
+	}
+	if d.EvidenceUntil != nil {
+		v.EvidenceUntil, v.EvidenceUntilISO = opPageTime(*d.EvidenceUntil)
+	}
+	if d.ProtectedUntil != nil {
+		v.ProtectedUntil, v.ProtectedUntilISO = opPageTime(*d.ProtectedUntil)
+	}
 	if d.ReleasedAt != nil {
 		v.ReleasedAt, v.ReleasedISO = opPageTime(*d.ReleasedAt)
 	}

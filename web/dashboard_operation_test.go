@@ -462,3 +462,46 @@ func FuzzOpPrettyJSON(f *testing.F) {
 		require.Equal(t, want.String(), got.String())
 	})
 }
+
+// TestDashboardOperationLifecycle: the operation page says what the operation was admitted
+// under and until when its evidence is kept and its key protected (docs/reference.md §2
+// "Lifecycle"); without a policy, that the installation's retention applies and the TTL alone
+// protects the key.
+func TestDashboardOperationLifecycle(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		ctx := context.Background()
+		retention, horizon := 30*24*time.Hour, 400*24*time.Hour
+		_, err := f.s.policies.Set(ctx, services.Installation(), services.PolicyInput{Tenant: f.tenantA, Operation: "lifecycle",
+			Retention: &retention, Horizon: &horizon})
+		require.NoError(t, err)
+		name := "lifecycle"
+		a, err := f.s.adm.Acquire(ctx, f.pA, services.AcquireInput{Key: "life-1", TTLSeconds: 300, Operation: &name})
+		require.NoError(t, err)
+		plain := f.opAcquire(t, f.pA, "life-2", 300, "")
+
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		page := b.get("/operations/" + a.OperationID)
+		require.Equal(t, "30d 0h", opSelText(page.testid("op-retention")))
+		require.Equal(t, "400d 0h after a success", opSelText(page.testid("op-horizon")))
+		require.Zero(t, page.doc.Find("dt:contains('Key protected until (UTC)') + dd time").Length(), "in progress: not protected yet")
+		require.Zero(t, page.doc.Find("dt:contains('Evidence kept until (UTC)') + dd time").Length(), "in progress: nothing to purge yet")
+
+		_, err = f.s.adm.RecordOutcome(ctx, f.pA, a.OperationID, services.OutcomeInput{OwnerToken: a.OwnerToken,
+			Status: services.StateSucceeded})
+		require.NoError(t, err)
+		page = b.get("/operations/" + a.OperationID)
+		for _, label := range []string{"Evidence kept until (UTC)", "Key protected until (UTC)"} {
+			dd := page.doc.Find("dt:contains('" + label + "') + dd time")
+			require.Equal(t, 1, dd.Length(), label)
+			at, err := time.Parse(time.RFC3339, dd.AttrOr("datetime", ""))
+			require.NoError(t, err, label)
+			want := map[string]time.Duration{"Evidence kept until (UTC)": retention, "Key protected until (UTC)": horizon}[label]
+			require.WithinDuration(t, time.Now().Add(want), at, time.Hour, label)
+		}
+
+		page = b.get("/operations/" + plain.OperationID)
+		require.Equal(t, "the installation's (IDEMGATE_RETENTION)", opSelText(page.testid("op-retention")))
+		require.Equal(t, "none: the TTL alone protects the key", opSelText(page.testid("op-horizon")))
+	})
+}

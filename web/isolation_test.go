@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sort"
@@ -47,6 +48,11 @@ func (f *dashFixture) isolationSnapshot(t *testing.T, victim, newName string, id
 	require.NoError(t, f.db.Model(&models.WebhookEndpoint{}).Where("tenant_id = ? AND deleted_at IS NULL AND disabled_at IS NULL", f.pB.TenantID).
 		Count(&n).Error)
 	out["live-webhooks"] = strconv.FormatInt(n, 10)
+	var pols []models.Policy
+	require.NoError(t, f.db.Where("tenant_id = ?", f.pB.TenantID).Order("operation_name").Find(&pols).Error)
+	for _, p := range pols {
+		out["policy "+p.OperationName] = fmt.Sprintf("ttl=%v by=%s", *p.TTLSeconds, p.UpdatedBy)
+	}
 	return out
 }
 
@@ -81,7 +87,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 		f.acquire(t, f.pA, "a-own")
 		// B's policy for the operation: A asking for the policy in force must not see it.
 		day := 24 * time.Hour
-		_, err = f.s.policies.Set(ctx, "isolation", services.PolicyInput{Tenant: f.tenantB, Operation: f.op, TTL: &day})
+		_, err = f.s.policies.Set(ctx, services.Installation(), services.PolicyInput{Tenant: f.tenantB, Operation: f.op, TTL: &day})
 		require.NoError(t, err)
 
 		ids := []string{w.held.OperationID, w.uncertain, otherOp.OperationID}
@@ -320,6 +326,10 @@ func TestTenantIsolationMatrix(t *testing.T) {
 			// delivery stay out of A's delivery log.
 			"POST /admin/webhooks": {{"/admin/webhooks", post(tenantAdmin, adminCSRF, url.Values{"tenant": {f.tenantB},
 				"url": {"https://a.example/steal"}, "events": {services.EventOperationUncertain}}, 403)}},
+			"POST /admin/policies": {{"/admin/policies", post(tenantAdmin, adminCSRF, url.Values{"tenant": {f.tenantB},
+				"operation": {f.op}, "ttl": {"1s"}}, 403)}},
+			"POST /admin/policies/delete": {{"/admin/policies/delete", post(tenantAdmin, adminCSRF, url.Values{"tenant": {f.tenantB},
+				"operation": {f.op}, "confirm": {"yes"}}, 403)}},
 			"POST /admin/webhooks/:id/disable": {{hookPath + "/disable", post(tenantAdmin, adminCSRF, url.Values{}, 403)}},
 			"POST /admin/webhooks/:id/enable":  {{hookPath + "/enable", post(tenantAdmin, adminCSRF, url.Values{}, 403)}},
 			"POST /admin/webhooks/:id/delete":  {{hookPath + "/delete", post(tenantAdmin, adminCSRF, url.Values{"confirm": {"yes"}}, 403)}},

@@ -85,6 +85,9 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	app.Post(adminURL+"/operators/:id/role", admin(handleAdminOperatorRole(s))...)
 	app.Post(adminURL+"/operators/:id/delete", admin(handleAdminOperatorDelete(s))...)
 
+	// Policies (dashboard_policies.go): on the admin page, for global admins.
+	app.Post(adminPoliciesURL, admin(handleAdminPolicySet(s))...)
+	app.Post(adminPoliciesURL+"/delete", admin(handleAdminPolicyDelete(s))...)
 	// Webhooks (dashboard_webhooks.go): endpoints on the admin page, for global admins; the
 	// delivery log for every role, scoped to the account's tenant. Only with Config.Webhooks.
 	if s.webhooks != nil {
