@@ -93,6 +93,16 @@ func TestLifecycleHorizonAndTombstones(t *testing.T) {
 			require.False(t, op.Held)
 		}
 		require.Equal(t, [2]*Acquisition{}, both(other), "the tombstone refuses another request")
+		kv, err := b.reads.GetKey(bg, b.p.TenantID, "pay-1")
+		require.NoError(t, err)
+		require.NotNil(t, kv.Operation, "GET /v1/keys names the tombstone")
+		require.True(t, kv.Operation.EvidencePurged)
+		require.Equal(t, first.OperationID, kv.Operation.ID)
+		require.False(t, kv.Held)
+		page, err := b.reads.ListKeys(bg, b.p.TenantID, KeyFilter{KeyPrefix: "pay-", Limit: 10})
+		require.NoError(t, err)
+		require.Len(t, page.Items, 1)
+		require.True(t, page.Items[0].Operation.EvidencePurged, "the keys list shows the tombstoned key")
 		var logged models.Attempt
 		require.NoError(t, b.db.Where("tenant_id = ? AND key = ?", b.p.TenantID, "pay-1").Order("id DESC").Take(&logged).Error)
 		require.Equal(t, ResultConflict, logged.Result)

@@ -274,6 +274,10 @@ func (r *reader) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]Ke
 		if m, ok := ops[k.LastOperationID]; ok {
 			op := operationFromModel(m, held && *k.HolderOperationID == m.ID)
 			v.Operation = &op
+		} else if protected(&k, now) && k.TombState != nil {
+			// docs/reference.md §2 "Lifecycle": purged within its horizon; the tombstone stands in.
+			op := tombstoneOperation(&k)
+			v.Operation = &op
 		}
 		out = append(out, v)
 	}

@@ -310,7 +310,9 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 	}
 	op := v.Operation
 	if op != nil {
-		r.OperationURL = "/operations/" + url.PathEscape(op.ID)
+		if r.Tombstone = op.EvidencePurged; !r.Tombstone { // a purged operation has no page
+			r.OperationURL = "/operations/" + url.PathEscape(op.ID)
+		}
 		r.State = op.State
 		r.NeedsAttention = services.NeedsReconciliation(op.State)
 		r.FencingToken = strconv.FormatInt(op.FencingToken, 10)
@@ -346,6 +348,8 @@ func keyRow(v services.TenantKeyView, now time.Time) views.KeyRow {
 		r.TTL, r.TTLKind = formatTTL(left), views.TTLProtected
 	case hold == services.HoldLive:
 		r.TTL, r.TTLKind, r.TTLMillis = formatTTL(left), views.TTLLive, strconv.FormatInt(left.Milliseconds(), 10)
+	case op != nil && op.ProtectedUntil != nil && op.ProtectedUntil.After(now):
+		r.TTL, r.TTLKind = formatTTL(op.ProtectedUntil.Sub(now)), views.TTLHorizon
 	case hold == services.HoldExpired:
 		r.TTL, r.TTLKind = "expired", views.TTLExpired
 	}

@@ -6,7 +6,9 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/PuerkitoBio/goquery"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
 )
@@ -111,5 +113,51 @@ func TestDashboardKeysTenantFilter(t *testing.T) {
 		require.ElementsMatch(t, []string{"tf-a", "tf-queue-a"}, dashKeys(r.get(f.keysURL("tenant="+url.QueryEscape(idB))).rows()),
 			"a restricted account stays in its tenant")
 		require.Zero(t, r.get(f.keysURL("")).testid("filter-tenant").Length())
+	})
+}
+
+// TestDashboardKeysTombstone: a success within its horizon shows how long its key is still
+// protected; once retention purged it, the row shows what its tombstone kept, marked
+// "evidence purged", without a link to an operation page that no longer exists.
+func TestDashboardKeysTombstone(t *testing.T) {
+	dashEachDB(t, func(t *testing.T, f *dashFixture) {
+		ctx := context.Background()
+		retention, horizon := 10*time.Second, time.Hour
+		name := "tomb-" + dashRandom()
+		_, err := f.s.policies.Set(ctx, services.Installation(), services.PolicyInput{Tenant: f.tenantA, Operation: name,
+			Retention: &retention, Horizon: &horizon})
+		require.NoError(t, err)
+		key := "tombkey-" + dashRandom()
+		a, err := f.s.adm.Acquire(ctx, f.pA, services.AcquireInput{Key: key, TTLSeconds: 5, Operation: &name})
+		require.NoError(t, err)
+		_, err = f.s.adm.RecordOutcome(ctx, f.pA, a.OperationID, services.OutcomeInput{OwnerToken: a.OwnerToken,
+			Status: services.StateSucceeded, Receipt: new("ch_9")})
+		require.NoError(t, err)
+		elapse(t, f.db, f.pA, 6*time.Second, key)
+
+		b := newDashBrowser(t, f.s)
+		b.mustLogin(f.restricted)
+		row := func() *goquery.Selection {
+			page := b.get("/keys?prefix=" + url.QueryEscape(key))
+			require.Equal(t, http.StatusOK, page.status, page.body)
+			rows := page.testid("key-row")
+			require.Equal(t, 1, rows.Length())
+			return rows
+		}
+		r := row()
+		require.Regexp(t, `^(59m|1h 00m)`, strings.TrimSpace(r.Find(`[data-testid="key-ttl"]`).Text()), "protected by the horizon")
+		require.Zero(t, r.Find(`[data-testid="key-tombstone"]`).Length())
+		require.Equal(t, 1, r.Find(`[data-testid="key-link"]`).Length())
+
+		elapse(t, f.db, f.pA, 5*time.Second, key)
+		res, err := services.NewReaper(f.db, nil, 0).RunOnce(ctx)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, res.OperationsPurged, int64(1))
+		r = row()
+		require.Equal(t, "evidence purged", strings.TrimSpace(r.Find(`[data-testid="key-tombstone"]`).Text()))
+		require.Zero(t, r.Find(`[data-testid="key-link"]`).Length(), "no page for a purged operation")
+		state, _ := r.Find(`[data-testid="state-badge"]`).Attr("data-state")
+		require.Equal(t, services.StateSucceeded, state)
+		require.Equal(t, "1", strings.TrimSpace(r.Find(`[data-testid="key-fencing"]`).Text()))
 	})
 }
