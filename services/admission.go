@@ -424,6 +424,10 @@ func reply(in AcquireInput, d decision, owner string) (*Acquisition, error) {
 		OnExpiry:         d.op.OnExpiry,
 		RetentionSeconds: d.op.RetentionSeconds,
 		HorizonSeconds:   d.op.HorizonSeconds,
+		// From the operation, not the request: an attempt_id retry gets the operation it
+		// created back, with the hold and lease it was granted (whole seconds, rounded down).
+		TTLSeconds:   int64(d.op.ExpiresAt.Sub(d.op.AcquiredAt) / time.Second),
+		LeaseSeconds: int64(d.op.LeaseExpiresAt.Sub(d.op.AcquiredAt) / time.Second),
 	}
 	if d.prev != nil && mayDuplicateEffect(d.prev.State) {
 		acq.PreviousOperation = d.prev

@@ -92,8 +92,14 @@ type Acquisition struct {
 	LeaseExpiresAt time.Time
 	OnExpiry       string
 	// RetentionSeconds and HorizonSeconds: the admitted operation's (Operation's fields).
-	RetentionSeconds  *int64
-	HorizonSeconds    *int64
+	RetentionSeconds *int64
+	HorizonSeconds   *int64
+	// TTLSeconds and LeaseSeconds are the hold and lease the admitted operation was granted,
+	// in whole seconds from its admission (rounded down): the request's, or its policy's where
+	// it left them out (docs/reference.md §2), so a client can time its lease without having
+	// sent one.
+	TTLSeconds        int64
+	LeaseSeconds      int64
 	PreviousOperation *PreviousOperation
 	Operation         *Operation
 }

@@ -69,7 +69,7 @@ func acquireAnswer(acq *services.Acquisition) (int, any) {
 	resp := admittedResponse{Admitted: true, Key: acq.Key, OperationID: acq.OperationID, OwnerToken: acq.OwnerToken,
 		FencingToken: acq.FencingToken, State: acq.State, ExpiresAt: acq.ExpiresAt,
 		LeaseExpiresAt: acq.LeaseExpiresAt, OnExpiry: acq.OnExpiry, RetentionSeconds: acq.RetentionSeconds,
-		HorizonSeconds: acq.HorizonSeconds}
+		HorizonSeconds: acq.HorizonSeconds, TTLSeconds: acq.TTLSeconds, LeaseSeconds: acq.LeaseSeconds}
 	if po := acq.PreviousOperation; po != nil {
 		resp.PreviousOperation = &previousOperationDTO{ID: po.ID, State: po.State, FencingToken: po.FencingToken}
 		if po.OutcomeStatus != nil {

@@ -64,6 +64,8 @@ type admittedResponse struct {
 	OnExpiry          string                `json:"on_expiry"`
 	RetentionSeconds  *int64                `json:"retention_seconds"`
 	HorizonSeconds    *int64                `json:"horizon_seconds"`
+	TTLSeconds        int64                 `json:"ttl_seconds"`
+	LeaseSeconds      int64                 `json:"lease_seconds"`
 	PreviousOperation *previousOperationDTO `json:"previous_operation,omitempty"`
 }
 

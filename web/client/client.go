@@ -187,6 +187,11 @@ func acquireResultOf(path string, body acquireBody, status int, ans acquireAnswe
 		if adm.lease == 0 {
 			adm.lease = time.Duration(body.TTLSeconds) * time.Second
 		}
+		if adm.lease == 0 || (adm.LeaseSeconds > 0 && time.Duration(adm.LeaseSeconds)*time.Second < adm.lease) {
+			// The policy's lease (the request sent none), or a shorter one than asked: what the
+			// server granted decides the local deadline.
+			adm.lease = time.Duration(adm.LeaseSeconds) * time.Second
+		}
 		res.Admitted = &adm
 		return res, nil
 	case status == http.StatusOK && !ans.Admitted && ans.Operation != nil:

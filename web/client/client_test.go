@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/services"
 	"github.com/idemgate/idemgate/web/client"
 	"github.com/idemgate/idemgate/web/internal/servertest"
 	"github.com/stretchr/testify/require"
@@ -382,4 +384,30 @@ func TestNew(t *testing.T) {
 	require.Error(t, err)
 	_, err = client.New("https://idemgate.internal/prefix/", "key")
 	require.NoError(t, err)
+}
+
+// TestAcquireTakesThePolicy: an acquire without a TTL takes its tenant's policy (docs/reference.md
+// §2 "Policies"), and the admission's lease, the local deadline Do and Heartbeat keep, is the
+// one the server granted, though the request sent none.
+func TestAcquireTakesThePolicy(t *testing.T) {
+	eachDB(t, func(t *testing.T, srv *servertest.Server) {
+		p, err := services.NewAuth(srv.DB, nil).Authenticate(context.Background(), srv.APIKey)
+		require.NoError(t, err)
+		hour, lease := time.Hour, 30*time.Second
+		_, err = services.NewPolicies(srv.DB, nil).Set(context.Background(), services.Installation(),
+			services.PolicyInput{Tenant: p.TenantName, Operation: "charge", TTL: &hour, Lease: &lease})
+		require.NoError(t, err)
+		c := newClient(t, srv)
+
+		res, err := c.Acquire(ctx(t), client.AcquireRequest{Key: uniqueKey("policy"), Operation: "charge"})
+		require.NoError(t, err)
+		require.NotNil(t, res.Admitted)
+		require.Equal(t, int64(3600), res.Admitted.TTLSeconds)
+		require.Equal(t, int64(30), res.Admitted.LeaseSeconds)
+		require.Equal(t, lease, res.Admitted.Lease().Duration, "the granted lease times the local deadline")
+		require.WithinDuration(t, time.Now().Add(hour), res.Admitted.ExpiresAt, time.Minute)
+
+		_, err = c.Acquire(ctx(t), client.AcquireRequest{Key: uniqueKey("policy"), Operation: "refund"})
+		require.ErrorIs(t, err, client.ErrInvalidRequest, "no policy for refund: the TTL is required")
+	})
 }

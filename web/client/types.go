@@ -68,8 +68,10 @@ type AcquireRequest struct {
 	// characters, not all white space; compared byte-exact. Required.
 	Key string
 	// TTL is how long the hold lasts: whole seconds from 1 s to the server's maximum
-	// (30 days by default). Required; it is sent as ttl_seconds, and a TTL that is not a whole
-	// number of seconds is refused before sending.
+	// (30 days by default). It is sent as ttl_seconds, and a TTL that is not a whole number of
+	// seconds is refused before sending. Zero leaves it out: the TTL of the tenant's policy for
+	// the operation applies (docs/reference.md §2), and without one the server refuses the
+	// acquire (ErrInvalidRequest, field ttl_seconds).
 	TTL time.Duration
 	// Operation is the business operation name, 1–64 characters of [A-Za-z0-9._:-].
 	Operation string
@@ -142,6 +144,15 @@ type Admission struct {
 	// OnExpiry is the operation's expiry policy, OnExpiryReadmit or
 	// OnExpiryHoldUntilReconciled.
 	OnExpiry string `json:"on_expiry"`
+	// TTLSeconds and LeaseSeconds are the hold and lease granted, in whole seconds: the
+	// request's, or the policy's where it left them out (docs/reference.md §2).
+	TTLSeconds   int64 `json:"ttl_seconds"`
+	LeaseSeconds int64 `json:"lease_seconds"`
+	// RetentionSeconds and HorizonSeconds are the lifecycle the operation was admitted under
+	// (docs/reference.md §2 "Lifecycle"): nil retention is the server's IDEMGATE_RETENTION,
+	// nil horizon none.
+	RetentionSeconds *int64 `json:"retention_seconds"`
+	HorizonSeconds   *int64 `json:"horizon_seconds"`
 	// PreviousOperation is set when the key's previous operation did not end cleanly
 	// (uncertain, or succeeded and the key admitted again after its TTL): check the
 	// destination before acting.
@@ -240,6 +251,17 @@ type Operation struct {
 	ReleaseReason     string     `json:"release_reason"`
 	DuplicateAttempts int64      `json:"duplicate_attempts"`
 	ConflictAttempts  int64      `json:"conflict_attempts"`
+	// Lifecycle (docs/reference.md §2 "Lifecycle"): the retention and horizon the operation
+	// was admitted under (nil: the server's IDEMGATE_RETENTION; no horizon), when its
+	// evidence is purged and until when its key refuses new admissions because of its horizon
+	// (nil when not set). EvidencePurged marks a tombstone: the evidence was purged within the
+	// horizon, and only ID, Key, State, FencingToken, AcquiredAt, the outcome's Status and
+	// Receipt, and ProtectedUntil (also as ExpiresAt) are known.
+	RetentionSeconds *int64     `json:"retention_seconds"`
+	HorizonSeconds   *int64     `json:"horizon_seconds"`
+	EvidenceUntil    *time.Time `json:"evidence_until"`
+	ProtectedUntil   *time.Time `json:"protected_until"`
+	EvidencePurged   bool       `json:"evidence_purged"`
 }
 
 // Outcome is a recorded outcome of an operation. Returned by Do's fn it is the outcome to
@@ -355,7 +377,7 @@ type AttemptPage struct {
 
 type acquireBody struct {
 	Key           string          `json:"key"`
-	TTLSeconds    int64           `json:"ttl_seconds"`
+	TTLSeconds    int64           `json:"ttl_seconds,omitempty"`
 	Operation     string          `json:"operation,omitempty"`
 	Fingerprint   string          `json:"fingerprint,omitempty"`
 	CorrelationID string          `json:"correlation_id,omitempty"`
