@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/models"
 	"github.com/stretchr/testify/require"
 )
 
@@ -127,6 +128,15 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 		acq, err = adm.Acquire(bg, b.p, AcquireInput{Key: "charge-3", Operation: ptr("charge")})
 		require.NoError(t, err, "the operation's policy still gives a TTL")
 		require.Equal(t, OnExpiryReadmit, acq.OnExpiry, "on_expiry came from the deleted tenant-wide policy")
+
+		// The operations admitted here with a one-minute lease end now: left in progress, their
+		// leases would lapse during a later test and the reaper there would count them.
+		var open []models.Operation
+		require.NoError(t, b.db.Where("tenant_id = ? AND state = ?", b.p.TenantID, StateInProgress).Find(&open).Error)
+		for _, o := range open {
+			require.NoError(t, b.db.Model(&models.Operation{}).Where("id = ?", o.ID).
+				Updates(map[string]any{"lease_expires_at": o.ExpiresAt}).Error)
+		}
 
 		// Another instance, which has read nothing yet, sees the policies as they are.
 		other, err := NewPolicies(b.db, nil).InForce(bg, b.p.TenantID, ptr("charge"))
