@@ -257,8 +257,9 @@ func reap(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "holds_expired=%d marked_uncertain=%d operations_purged=%d sessions_purged=%d\n",
-		res.HoldsExpired, res.MarkedUncertain, res.OperationsPurged, res.SessionsPurged)
+	fmt.Fprintf(env.Stdout, "holds_expired=%d marked_uncertain=%d operations_purged=%d attempts_purged=%d "+
+		"events_purged=%d tombstones_written=%d sessions_purged=%d\n", res.HoldsExpired, res.MarkedUncertain,
+		res.OperationsPurged, res.AttemptsPurged, res.EventsPurged, res.TombstonesWritten, res.SessionsPurged)
 	return nil
 }
 

@@ -91,7 +91,7 @@ func TestMigrateAndReap(t *testing.T) {
 		require.NoError(t, err)
 		out, _, err := run(t, vars, "", "reap")
 		require.NoError(t, err)
-		require.Equal(t, "holds_expired=0 marked_uncertain=0 operations_purged=0 sessions_purged=0\n", out)
+		require.Equal(t, "holds_expired=0 marked_uncertain=0 operations_purged=0 attempts_purged=0 events_purged=0 tombstones_written=0 sessions_purged=0\n", out)
 		_, _, err = run(t, map[string]string{"IDEMGATE_MAX_TTL": "never"}, "", "migrate")
 		require.ErrorContains(t, err, "IDEMGATE_MAX_TTL")
 	})

@@ -55,7 +55,8 @@ func policyCmd(env Env) *cobra.Command {
 				if err != nil {
 					return describe(err)
 				}
-				fmt.Fprintf(env.Stderr, "policy set for tenant %q, %s: %s\n", p.Tenant, scope(p.Operation), fields(*p))
+				fmt.Fprintf(env.Stderr, "policy set for tenant %q, %s: %s\n(running instances apply it to new admissions within %s; "+
+					"admitted operations keep theirs)\n", p.Tenant, scope(p.Operation), fields(*p), services.FormatDuration(services.PolicyMaxAge))
 				return nil
 			})
 		},
@@ -72,7 +73,7 @@ func policyCmd(env Env) *cobra.Command {
 	var listTenant string
 	list := &cobra.Command{
 		Use:   "list [--tenant T]",
-		Short: "List policies: tenant, operation, ttl, lease, on_expiry, updated",
+		Short: "List policies: tenant, operation, ttl, lease, on_expiry, retention, horizon, updated by, updated",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			return withPolicies(c, func(ps *services.Policies) error {
@@ -129,7 +130,7 @@ func optionalDuration(c *cobra.Command, name, s string) (*time.Duration, error) 
 	}
 	d, err := services.ParseDuration(s)
 	if err != nil {
-		return nil, fmt.Errorf("--%s: %w", name, err)
+		return nil, fmt.Errorf("--%s: %q is not a duration such as 90d, 1h, 30s or 3600 (seconds)", name, s)
 	}
 	return &d, nil
 }
@@ -151,10 +152,10 @@ func fields(p services.PolicyInfo) string {
 	return s + ", retention " + secondsOrDash(p.Retention) + ", horizon " + secondsOrDash(p.Horizon)
 }
 
-// secondsOrDash is d as a duration ("24h0m0s"), "-" when not set.
+// secondsOrDash is d as it is typed ("90d", "1h30m"), "-" when not set.
 func secondsOrDash(d *time.Duration) string {
 	if d == nil {
 		return "-"
 	}
-	return d.String()
+	return services.FormatDuration(*d)
 }

@@ -29,3 +29,22 @@ func ParseDuration(s string) (time.Duration, error) {
 	}
 	return time.ParseDuration(s)
 }
+
+// FormatDuration writes d as ParseDuration reads it back, in the largest unit that keeps it
+// exact: "400d", "36h", "90m", "1h30m", "45s" ("0s" for zero). Policies are typed in days
+// ("90d") and must not come back as "2160h0m0s".
+func FormatDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0s"
+	case d%(24*time.Hour) == 0:
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	s := d.String()
+	for _, zero := range []string{"0s", "0m"} {
+		if strings.HasSuffix(s, "m"+zero) || strings.HasSuffix(s, "h"+zero) {
+			s = strings.TrimSuffix(s, zero)
+		}
+	}
+	return s
+}

@@ -75,7 +75,7 @@ func (e *Error) Unwrap() error { return e.err }
 var (
 	ErrInvalidRequest      = &Error{Code: CodeInvalidRequest, Message: "The request is invalid."}
 	ErrUnauthorized        = &Error{Code: CodeUnauthorized, Message: "A valid API key is required."}
-	ErrFingerprintMismatch = &Error{Code: CodeFingerprintMismatch, Message: "The key is held by a request with a different fingerprint or operation name."}
+	ErrFingerprintMismatch = &Error{Code: CodeFingerprintMismatch, Message: "The key is held, or protected by its last operation's horizon, for a request with a different fingerprint or operation name."}
 	ErrNotOwner            = &Error{Code: CodeNotOwner, Message: "The owner token does not own this operation's hold."}
 	ErrEffectConfirmed     = &Error{Code: CodeEffectConfirmed, Message: "The operation succeeded; its key cannot be released."}
 	ErrOutcomeUncertain    = &Error{Code: CodeOutcomeUncertain, Message: "The operation's outcome is uncertain; reconcile it before releasing."}

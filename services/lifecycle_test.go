@@ -78,6 +78,7 @@ func TestLifecycleHorizonAndTombstones(t *testing.T) {
 		res, err := b.reaper.RunOnce(bg)
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, res.OperationsPurged, int64(1))
+		require.GreaterOrEqual(t, res.TombstonesWritten, int64(1))
 		require.ErrorIs(t, b.db.Where("id = ?", first.OperationID).Take(&models.Operation{}).Error, gorm.ErrRecordNotFound)
 		for _, acq := range both(req) {
 			require.False(t, acq.Admitted)

@@ -89,8 +89,11 @@ type Policies struct {
 	log *slog.Logger
 	// retention is the retention when no policy gives one (IDEMGATE_RETENTION).
 	retention time.Duration
-	mu        sync.Mutex
-	cache     map[int64]*tenantPolicies
+	// maxTTL is the largest TTL an acquire gets (IDEMGATE_MAX_TTL): a policy's longer TTL is
+	// cut to it, and InForce says so.
+	maxTTL time.Duration
+	mu     sync.Mutex
+	cache  map[int64]*tenantPolicies
 }
 
 // tenantPolicies is one tenant's policies as read at loaded, by operation name ("" for the
@@ -106,7 +109,16 @@ func NewPolicies(db *models.DB, log *slog.Logger) *Policies {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Policies{db: db, log: log, retention: DefaultRetention, cache: map[int64]*tenantPolicies{}}
+	return &Policies{db: db, log: log, retention: DefaultRetention, maxTTL: DefaultMaxTTL, cache: map[int64]*tenantPolicies{}}
+}
+
+// WithMaxTTL sets the largest TTL acquires get (IDEMGATE_MAX_TTL; 0 leaves DefaultMaxTTL;
+// above MaxTTL it is cut to MaxTTL, as NewAdmission does) and returns ps.
+func (ps *Policies) WithMaxTTL(d time.Duration) *Policies {
+	if d > 0 {
+		ps.maxTTL = min(d, MaxTTL)
+	}
+	return ps
 }
 
 // WithRetention sets the retention of operations no policy gives one (IDEMGATE_RETENTION; 0
@@ -217,13 +229,23 @@ func (ps *Policies) List(ctx context.Context, tenant string) ([]PolicyInfo, erro
 }
 
 // InForce returns the policy in force for an acquire of operation (nil: none named) in tenantID,
-// as this instance's acquires apply it (read through the cache). Errors: ErrStoreUnavailable.
+// as this instance's acquires apply it (read through the cache): a TTL above the configured
+// maximum is cut to it, and with a TTL the lease is never empty (the TTL when no policy gives
+// one, a policy's cut to the TTL), so an acquire that leaves both out gets exactly these.
+// Errors: ErrStoreUnavailable.
 func (ps *Policies) InForce(ctx context.Context, tenantID int64, operation *string) (PolicyInForce, error) {
 	tp, err := ps.tenant(ctx, tenantID)
 	if err != nil {
 		return PolicyInForce{}, storeError("read policies", err)
 	}
-	return tp.inForce(operation, ps.retention), nil
+	pf := tp.inForce(operation, ps.retention)
+	if pf.TTL > ps.maxTTL {
+		pf.TTL = ps.maxTTL.Truncate(time.Second)
+	}
+	if pf.TTL > 0 && (pf.Lease == 0 || pf.Lease > pf.TTL) {
+		pf.Lease = pf.TTL
+	}
+	return pf, nil
 }
 
 // lifecycle is the retention and horizon an operation is admitted under, in whole seconds,

@@ -83,7 +83,7 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 			RetentionFrom: PolicySourceDefault, HorizonFrom: PolicySourceDefault}, pf)
 		pf, err = ps.InForce(bg, b.p.TenantID, ptr("refund"))
 		require.NoError(t, err)
-		require.Equal(t, PolicyInForce{TTL: hour, TTLFrom: PolicySourceTenant, LeaseFrom: PolicySourceDefault,
+		require.Equal(t, PolicyInForce{TTL: hour, TTLFrom: PolicySourceTenant, Lease: hour, LeaseFrom: PolicySourceDefault,
 			OnExpiry: OnExpiryHold, OnExpiryFrom: PolicySourceTenant, Retention: DefaultRetention,
 			RetentionFrom: PolicySourceDefault, HorizonFrom: PolicySourceDefault}, pf)
 
@@ -138,6 +138,21 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 				Updates(map[string]any{"lease_expires_at": o.ExpiresAt}).Error)
 		}
 
+		// A policy's TTL above the maximum (IDEMGATE_MAX_TTL, 30 days by default) is what an
+		// acquire gets cut to, and InForce says the same.
+		long := 40 * 24 * time.Hour
+		_, err = ps.Set(bg, Installation(), PolicyInput{Tenant: tenant, Operation: "archive", TTL: &long})
+		require.NoError(t, err)
+		pf, err = ps.InForce(bg, b.p.TenantID, ptr("archive"))
+		require.NoError(t, err)
+		require.Equal(t, DefaultMaxTTL, pf.TTL)
+		require.Equal(t, DefaultMaxTTL, pf.Lease)
+		acq, err = adm.Acquire(bg, b.p, AcquireInput{Key: "archive-1", Operation: ptr("archive")})
+		require.NoError(t, err)
+		require.Equal(t, int64(DefaultMaxTTL/time.Second), acq.TTLSeconds)
+		_, err = adm.Release(bg, b.p, ReleaseInput{Key: "archive-1", OwnerToken: acq.OwnerToken})
+		require.NoError(t, err)
+
 		// Another instance, which has read nothing yet, sees the policies as they are.
 		other, err := NewPolicies(b.db, nil).InForce(bg, b.p.TenantID, ptr("charge"))
 		require.NoError(t, err)
@@ -145,9 +160,10 @@ func TestPoliciesApplyAtAdmission(t *testing.T) {
 
 		list, err := ps.List(bg, tenant)
 		require.NoError(t, err)
-		require.Len(t, list, 1)
-		require.Equal(t, "charge", list[0].Operation)
-		require.Equal(t, "cli", list[0].UpdatedBy, "the installation is the command line")
+		require.Len(t, list, 2)
+		require.Equal(t, "archive", list[0].Operation, "by operation name")
+		require.Equal(t, "charge", list[1].Operation)
+		require.Equal(t, "cli", list[1].UpdatedBy, "the installation is the command line")
 	})
 }
 

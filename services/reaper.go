@@ -50,7 +50,10 @@ type ReapResult struct {
 	OperationsPurged int64 // ended operations older than the retention
 	AttemptsPurged   int64 // attempts of the purged operations
 	EventsPurged     int64 // events of the purged operations
-	SessionsPurged   int64 // expired dashboard sessions
+	// TombstonesWritten counts the purged operations whose key keeps a tombstone (their
+	// horizon is not over: docs/reference.md §2 "Lifecycle").
+	TombstonesWritten int64
+	SessionsPurged    int64 // expired dashboard sessions
 }
 
 // RunOnce makes one pass: mark uncertain every in_progress operation whose lease ran out
@@ -408,9 +411,11 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 		}
 		var batch ReapResult
 		err = r.db.Tx(ctx, func(tx *gorm.DB) error {
-			if err := writeTombstones(tx, ids, now); err != nil {
+			tombs, err := writeTombstones(tx, ids, now)
+			if err != nil {
 				return err
 			}
+			batch.TombstonesWritten = tombs
 			e := tx.Where("operation_id IN ?", ids).Delete(&models.Event{})
 			if e.Error != nil {
 				return e.Error
@@ -428,7 +433,7 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 				return err
 			}
 			d := tx.Where("id IN ?", ids).Delete(&models.Operation{})
-			batch = ReapResult{OperationsPurged: d.RowsAffected, AttemptsPurged: a.RowsAffected, EventsPurged: e.RowsAffected}
+			batch.OperationsPurged, batch.AttemptsPurged, batch.EventsPurged = d.RowsAffected, a.RowsAffected, e.RowsAffected
 			return d.Error
 		})
 		if err != nil {
@@ -442,6 +447,7 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 		res.OperationsPurged += batch.OperationsPurged
 		res.AttemptsPurged += batch.AttemptsPurged
 		res.EventsPurged += batch.EventsPurged
+		res.TombstonesWritten += batch.TombstonesWritten
 		if len(cands) < batchSize {
 			break
 		}
@@ -474,22 +480,22 @@ func purgeScan(db *gorm.DB, src purgeSource, after *purgeCandidate, limit int) *
 // (protected_until: docs/reference.md §2 "Lifecycle"): its state, outcome status and receipt,
 // and request hash, on the key row. In the purge's transaction, so an operation is never gone
 // without its tombstone: a crash leaves both or neither.
-func writeTombstones(tx *gorm.DB, ids []string, now time.Time) error {
+func writeTombstones(tx *gorm.DB, ids []string, now time.Time) (int64, error) {
 	var ops []models.Operation
 	if err := tx.Select("id", "key_id", "state", "outcome_status", "outcome_receipt", "operation_name", "fingerprint").
 		Where("id IN ?", ids).
 		Where("EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id AND k.last_operation_id = operations.id AND k.protected_until > ?)", now).
 		Find(&ops).Error; err != nil {
-		return err
+		return 0, err
 	}
 	for _, o := range ops {
 		if err := tx.Model(&models.IdemKey{}).Where("id = ? AND last_operation_id = ?", o.KeyID, o.ID).
 			Updates(map[string]any{"tomb_state": o.State, "tomb_outcome_status": o.OutcomeStatus,
 				"tomb_outcome_receipt": o.OutcomeReceipt, "tomb_request_hash": requestHash(o.OperationName, o.Fingerprint)}).Error; err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return int64(len(ops)), nil
 }
 
 // foldCounters folds the kept counters' deltas into their totals (counters.go), in one
@@ -527,7 +533,7 @@ func (r *Reaper) Run(ctx context.Context, interval time.Duration) {
 		if res != (ReapResult{}) {
 			r.log.InfoContext(ctx, "reaper pass", "holds_expired", res.HoldsExpired, "marked_uncertain", res.MarkedUncertain,
 				"operations_purged", res.OperationsPurged, "attempts_purged", res.AttemptsPurged,
-				"events_purged", res.EventsPurged, "sessions_purged", res.SessionsPurged)
+				"events_purged", res.EventsPurged, "tombstones_written", res.TombstonesWritten, "sessions_purged", res.SessionsPurged)
 		}
 	}
 }

@@ -89,7 +89,7 @@ func New(db *models.DB, log *slog.Logger, opts Options) *Services {
 		log = slog.New(slog.DiscardHandler)
 	}
 	auth := NewAuth(db, log)
-	policies := NewPolicies(db, log).WithRetention(opts.Retention)
+	policies := NewPolicies(db, log).WithRetention(opts.Retention).WithMaxTTL(opts.MaxTTL)
 	s := &Services{
 		Admission: NewAdmission(db, log, opts.MaxTTL).WithPolicies(policies).WithLinger(opts.GroupLinger).
 			WithGroupAdmission(opts.GroupAdmission),

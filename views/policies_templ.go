@@ -23,7 +23,7 @@ type AdminPoliciesProps struct {
 }
 
 // AdminPolicyRow is one policy. Operation is "every operation" for the tenant-wide one;
-// durations are as the command line prints them ("720h0m0s"), "—" when not set.
+// durations are as the command line prints them ("30d", "1h30m"), "—" when not set.
 type AdminPolicyRow struct {
 	Tenant        string
 	Operation     string

@@ -43,12 +43,12 @@ func (s *Server) adminPoliciesProps(c *fiber.Ctx, acct *services.OperatorAccount
 	return nil
 }
 
-// durationText is d as the command line prints it, "—" when not set.
+// durationText is d as the command line prints it ("90d", "1h30m"), "—" when not set.
 func durationText(d *time.Duration) string {
 	if d == nil {
 		return "—"
 	}
-	return d.String()
+	return services.FormatDuration(*d)
 }
 
 // handleAdminPolicySet is POST /admin/policies (fields tenant, operation, ttl, lease,

@@ -55,9 +55,9 @@ func TestDashboardAdminPolicies(t *testing.T) {
 		row := mine(page)
 		require.Equal(t, 1, row.Length())
 		cell := func(id string) string { return strings.TrimSpace(row.Find(`[data-testid="` + id + `"]`).Text()) }
-		require.Equal(t, "1h0m0s", cell("policy-ttl"))
-		require.Equal(t, "720h0m0s", cell("policy-retention"))
-		require.Equal(t, "9600h0m0s", cell("policy-horizon"))
+		require.Equal(t, "1h", cell("policy-ttl"))
+		require.Equal(t, "30d", cell("policy-retention"))
+		require.Equal(t, "400d", cell("policy-horizon"))
 		require.Equal(t, "hold_until_reconciled", cell("policy-on-expiry"))
 
 		res2 := c.do("POST", "/v1/acquire", map[string]any{"key": "admin-policy", "operation": "charge"})

@@ -35,7 +35,7 @@ type metrics struct {
 
 // Reaper actions, the action label of idemgate_reaper_rows_total: one per ReapResult field.
 var reaperActions = []string{"holds_expired", "marked_uncertain", "operations_purged", "attempts_purged",
-	"events_purged", "sessions_purged"}
+	"events_purged", "sessions_purged", "tombstones_written"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reaperRows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_reaper_rows_total",
 			Help: "Rows the reaper changed, by action (holds_expired, marked_uncertain, operations_purged, " +
-				"attempts_purged, events_purged, sessions_purged).",
+				"attempts_purged, events_purged, sessions_purged, tombstones_written).",
 		}, []string{"action"}),
 		reaperLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemgate_reaper_last_success_timestamp_seconds",

@@ -214,6 +214,7 @@ func TestMetricsCountEveryDecision(t *testing.T) {
 		require.Equal(t, map[string]float64{
 			"action=holds_expired": 1, "action=marked_uncertain": 1, "action=operations_purged": 2,
 			"action=attempts_purged": 2, "action=events_purged": 2, "action=sessions_purged": 0,
+			"action=tombstones_written": 0,
 		}, sc.series("idemgate_reaper_rows_total"))
 		last := sc.value(t, "idemgate_reaper_last_success_timestamp_seconds")
 		require.InDelta(t, float64(time.Now().Unix()), last, 10)

@@ -61,7 +61,7 @@ func (o *observer) OutcomeDecided(ctx context.Context, source, status, result st
 // request's: nothing is traced.
 func (o *observer) ReaperPassed(_ context.Context, res services.ReapResult, err error) {
 	rows := []int64{res.HoldsExpired, res.MarkedUncertain, res.OperationsPurged, res.AttemptsPurged,
-		res.EventsPurged, res.SessionsPurged}
+		res.EventsPurged, res.SessionsPurged, res.TombstonesWritten}
 	m := o.metrics
 	for i, a := range reaperActions {
 		m.reaperRows.WithLabelValues(a).Add(float64(rows[i]))
