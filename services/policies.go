@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgate/idemgate/models"
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 )
 
 // Where a field of a PolicyInForce comes from, most specific first (docs/reference.md §2).
@@ -153,10 +154,13 @@ func (ps *Policies) Set(ctx context.Context, by *OperatorAccount, in PolicyInput
 			return err
 		}
 		m.TenantID = id
-		if err := tx.Where("tenant_id = ? AND operation_name = ?", id, in.Operation).Delete(&models.Policy{}).Error; err != nil {
-			return err
-		}
-		return tx.Create(&m).Error
+		// One statement, so two admins setting the same policy at once both succeed (the
+		// later wins) instead of one meeting the other's row in the unique index.
+		return tx.Clauses(clause.OnConflict{
+			Columns: []clause.Column{{Name: "tenant_id"}, {Name: "operation_name"}},
+			DoUpdates: clause.AssignmentColumns([]string{"ttl_seconds", "lease_seconds", "on_expiry", "retention_seconds",
+				"horizon_seconds", "updated_at", "updated_by"}),
+		}).Create(&m).Error
 	})
 	if err != nil {
 		return nil, storeError("set policy", err)

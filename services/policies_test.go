@@ -2,6 +2,7 @@ package services
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -213,5 +214,32 @@ func FuzzPolicyInput(f *testing.F) {
 			require.LessOrEqual(t, *in.Lease, *in.TTL)
 		}
 		require.Empty(t, ValidateTenantName(tenant))
+	})
+}
+
+// TestConcurrentPolicySets: admins setting one policy at once all succeed, and one of their
+// policies is the one stored (no unique-index failure answered as an internal error).
+func TestConcurrentPolicySets(t *testing.T) {
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ps := NewPolicies(b.db, nil)
+		tenant := b.tenantName(t)
+		var wg sync.WaitGroup
+		errs := make([]error, 16)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d := time.Duration(i+1) * time.Minute
+				_, errs[i] = ps.Set(bg, Installation(), PolicyInput{Tenant: tenant, Operation: "race", TTL: &d})
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "set %d", i)
+		}
+		list, err := ps.List(bg, tenant)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.NotNil(t, list[0].TTL)
 	})
 }
