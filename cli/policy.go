@@ -130,7 +130,7 @@ func optionalDuration(c *cobra.Command, name, s string) (*time.Duration, error) 
 	}
 	d, err := services.ParseDuration(s)
 	if err != nil {
-		return nil, fmt.Errorf("--%s: %q is not a duration such as 90d, 1h, 30s or 3600 (seconds)", name, s)
+		return nil, fmt.Errorf("--%s: %q is not a duration such as 90d, 1h, 30s or 3600 (seconds), at most 100 years", name, s)
 	}
 	return &d, nil
 }

@@ -20,7 +20,7 @@ func TestPolicyCommands(t *testing.T) {
 		require.ErrorContains(t, err, "lease: must not be longer than ttl")
 		require.ErrorContains(t, err, "on_expiry: must be readmit or hold_until_reconciled")
 		_, _, err = run(t, vars, "", "policy", "set", "--tenant", "shop", "--ttl", "soon")
-		require.ErrorContains(t, err, `--ttl: "soon" is not a duration such as 90d, 1h, 30s or 3600 (seconds)`)
+		require.ErrorContains(t, err, `--ttl: "soon" is not a duration such as 90d, 1h, 30s or 3600 (seconds), at most 100 years`)
 		_, _, err = run(t, vars, "", "policy", "set", "--tenant", "shop")
 		require.ErrorContains(t, err, "sets nothing")
 

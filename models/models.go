@@ -66,14 +66,17 @@ type IdemKey struct {
 	ExpiresAt         *time.Time
 	LastOperationID   string
 	AcquiredAt        time.Time
-	// ProtectedUntil is when the horizon of the key's last operation ends (its ended_at plus
-	// horizon_seconds, set when a succeeded operation with a horizon ends): until then the
-	// key refuses a new admission though its TTL is over (docs/reference.md §2 "Lifecycle").
+	// ProtectedUntil is when the horizon of ProtectedBy ends (that succeeded operation's
+	// ended_at plus horizon_seconds, set when it ended, whether or not it is still the key's
+	// newest): until then the key refuses a new admission though its TTL is over
+	// (docs/reference.md §2 "Lifecycle").
 	ProtectedUntil *time.Time
-	// The tombstone of the key's last operation, written by the purge that deleted it within
-	// its horizon: its state, outcome status and receipt, and the request hash of its
+	ProtectedBy    *string
+	// The tombstone of ProtectedBy, written by the purge that deleted it within its horizon:
+	// its fencing token, state, outcome status and receipt, and the request hash of its
 	// operation name and fingerprint (requestHash), so a later acquire is still answered as
 	// its duplicate, or refused as another request. Migration 00018.
+	TombFencingToken   *int64
 	TombState          *string
 	TombOutcomeStatus  *string
 	TombOutcomeReceipt *string

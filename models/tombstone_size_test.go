@@ -36,7 +36,8 @@ SELECT (SELECT id FROM tenants WHERE name = 'sizes'), 'order:' || lpad(g::text, 
 		return table, total
 	}
 	table0, total0 := size()
-	require.NoError(t, db.Exec(`UPDATE idem_keys SET protected_until = now() + interval '400 days', tomb_state = 'succeeded',
+	require.NoError(t, db.Exec(`UPDATE idem_keys SET protected_until = now() + interval '400 days', protected_by = last_operation_id,
+  tomb_fencing_token = fencing_token, tomb_state = 'succeeded',
   tomb_outcome_status = 'succeeded', tomb_outcome_receipt = 'ch_3MqB9x2eZvKYlo2C1a2b3c4d',
   tomb_request_hash = idemgate_request_hash('charge', md5(key))`).Error)
 	table1, total1 := size()

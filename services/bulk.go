@@ -381,6 +381,15 @@ func (rc *Reconciliation) runJob(ctx context.Context, job *models.Reconciliation
 				return err
 			}
 			item := models.ReconciliationJobItem{JobID: job.ID, OperationID: id, Result: ItemSkipped, CreatedAt: now}
+			// The key row before the operation when a success may protect it (lockKeyForHorizon).
+			var seen models.Operation
+			if err := tx.Select("id", "key_id", "horizon_seconds").Where("id = ?", id).Take(&seen).Error; err == nil {
+				if err := lockKeyForHorizon(tx, rc.st, &seen, job.Outcome); err != nil {
+					return err
+				}
+			} else if !errors.Is(err, gorm.ErrRecordNotFound) {
+				return err
+			}
 			q := rc.st.lock(tx).Where("id = ?", id)
 			if visible != nil {
 				q = q.Where("tenant_id = ?", *visible)

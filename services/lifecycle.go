@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/models"
+	"gorm.io/gorm"
 )
 
 // The lifecycle of docs/reference.md §2 "Lifecycle": an operation's evidence is kept for its
@@ -27,6 +28,34 @@ func protectedUntil(m *models.Operation) *time.Time {
 	return &t
 }
 
+// protectKey records, in tx, that operation m's success (at now) keeps its key from new
+// admissions until its horizon ends: protected_until and protected_by on the key row, unless
+// the key is already protected for longer. Whether m is still the key's newest operation does
+// not matter: an operation that succeeded after the key was taken over from it (a late
+// outcome, or a reconciliation of an uncertain one) has had its effect, and a next admission
+// within its horizon would run it twice. A tombstone the key kept of another operation goes
+// when the protection changes hands. Callers lock the key row before the operation
+// (lockKeyForHorizon).
+func protectKey(tx *gorm.DB, m *models.Operation, now time.Time) error {
+	until := now.Add(time.Duration(*m.HorizonSeconds) * time.Second)
+	return tx.Model(&models.IdemKey{}).
+		Where("id = ? AND (protected_until IS NULL OR protected_until <= ?)", m.KeyID, until).
+		Updates(map[string]any{"protected_until": until, "protected_by": m.ID, "tomb_fencing_token": nil,
+			"tomb_state": nil, "tomb_outcome_status": nil, "tomb_outcome_receipt": nil, "tomb_request_hash": nil}).Error
+}
+
+// lockKeyForHorizon locks, in tx, the key row of operation m (read, not yet locked) when
+// recording status on it may protect the key (a success with a horizon: protectKey), so the
+// key row is taken before the operation, in the order acquire, release and the reaper take
+// them: an outcome that took the operation and then the key deadlocked with a takeover of the
+// same key (2 outcomes in 770 answered 503, issue 30's review).
+func lockKeyForHorizon(tx *gorm.DB, st store, m *models.Operation, status string) error {
+	if status != StateSucceeded || m.HorizonSeconds == nil {
+		return nil
+	}
+	return st.lock(tx.Select("id")).Where("id = ?", m.KeyID).Take(&models.IdemKey{}).Error
+}
+
 // endUpdates are the columns an operation ending at now sets besides its state: ended_at,
 // and purge_after when it was admitted with a retention (without one, the reaper purges it by
 // ended_at and IDEMGATE_RETENTION, as before lifecycles).
@@ -45,15 +74,25 @@ func requestHash(operation, fingerprint *string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
+// tombstoned reports whether key row k answers from a tombstone at now: protected, and the
+// tombstone of its protecting operation written (the operation purged).
+func tombstoned(k *models.IdemKey, now time.Time) bool {
+	return protected(k, now) && k.ProtectedBy != nil && k.TombState != nil
+}
+
 // tombstoneOperation is the operation object a tombstone answers with: what the key row kept
-// of its purged last operation (docs/reference.md §2 "Lifecycle").
+// of its purged protecting operation (docs/reference.md §2 "Lifecycle").
 func tombstoneOperation(k *models.IdemKey) Operation {
 	state := StateSucceeded
 	if k.TombState != nil {
 		state = *k.TombState
 	}
+	fencing := k.FencingToken
+	if k.TombFencingToken != nil {
+		fencing = *k.TombFencingToken
+	}
 	until := k.ProtectedUntil.UTC()
-	op := Operation{ID: k.LastOperationID, Key: k.Key, State: state, FencingToken: k.FencingToken,
+	op := Operation{ID: *k.ProtectedBy, Key: k.Key, State: state, FencingToken: fencing,
 		AcquiredAt: k.AcquiredAt.UTC(), ExpiresAt: until, LeaseExpiresAt: until, OnExpiry: OnExpiryReadmit,
 		ProtectedUntil: &until, EvidencePurged: true}
 	if k.TombOutcomeStatus != nil {

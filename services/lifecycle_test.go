@@ -2,10 +2,14 @@ package services
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
+	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 )
@@ -187,5 +191,134 @@ func TestRequestHashAgrees(t *testing.T) {
 			require.False(t, seen[sql])
 			seen[sql] = true
 		}
+	})
+}
+
+// TestLateSuccessProtectsItsKey: an operation that succeeds after its key was taken over from
+// it (its owner's late outcome, or a reconciliation of the uncertain operation) has had its
+// effect, so its key refuses a new admission until its horizon ends, whatever the newer
+// operation does: answered about it while its evidence is kept, then by its tombstone (with its
+// own fencing token). Found by issue 30's review: a released newer operation let the key be
+// admitted a third time, with no warning, within the late success's horizon.
+func TestLateSuccessProtectsItsKey(t *testing.T) {
+	retention, horizon := 10*time.Second, time.Hour
+	eachDB(t, func(t *testing.T, b *testBundle) {
+		ps := NewPolicies(b.db, nil)
+		adm := b.adm.WithPolicies(ps)
+		_, err := ps.Set(bg, Installation(), PolicyInput{Tenant: b.tenantName(t), Operation: "charge", Retention: &retention,
+			Horizon: &horizon})
+		require.NoError(t, err)
+		for i, late := range []string{"owner", "operator"} {
+			t.Run(late, func(t *testing.T) {
+				key := fmt.Sprintf("late-%d", i)
+				req := AcquireInput{Key: key, TTLSeconds: 5, Operation: ptr("charge"), Fingerprint: ptr("fp")}
+				o1, err := adm.Acquire(bg, b.p, req)
+				require.NoError(t, err)
+				b.elapse(t, 6*time.Second, key)
+				_, err = b.reaper.RunOnce(bg)
+				require.NoError(t, err)
+				o2, err := adm.Acquire(bg, b.p, req)
+				require.NoError(t, err)
+				require.True(t, o2.Admitted, "o1 is uncertain and readmit: admitted with a warning")
+				require.Equal(t, o1.OperationID, o2.PreviousOperation.ID)
+
+				if late == "owner" {
+					_, err = adm.RecordOutcome(bg, b.p, o1.OperationID, OutcomeInput{OwnerToken: o1.OwnerToken,
+						Status: StateSucceeded, Receipt: ptr("ch_late")})
+				} else {
+					_, err = b.recon.ReconcileOutcome(bg, Installation(), o1.OperationID, ReconcileInput{Status: StateSucceeded,
+						Receipt: ptr("ch_late"), Note: "found at the PSP"})
+				}
+				require.NoError(t, err)
+				_, err = adm.RecordOutcome(bg, b.p, o2.OperationID, OutcomeInput{OwnerToken: o2.OwnerToken,
+					Status: StateFailed, Release: true})
+				require.NoError(t, err)
+
+				check := func(purged bool) {
+					t.Helper()
+					third, err := adm.Acquire(bg, b.p, req)
+					require.NoError(t, err)
+					items, err := adm.AcquireBatch(bg, b.p, []AcquireInput{req})
+					require.NoError(t, err)
+					require.NoError(t, items[0].Err)
+					for _, acq := range []*Acquisition{third, items[0].Acquisition} {
+						require.False(t, acq.Admitted, "o1 succeeded within its horizon: never admitted again")
+						require.Equal(t, o1.OperationID, acq.Operation.ID)
+						require.Equal(t, StateSucceeded, acq.Operation.State)
+						require.Equal(t, int64(1), acq.Operation.FencingToken)
+						require.Equal(t, "ch_late", deref(acq.Operation.Outcome.Receipt))
+						require.Equal(t, purged, acq.Operation.EvidencePurged)
+					}
+				}
+				check(false)
+				b.elapse(t, 11*time.Second, key)
+				res, err := b.reaper.RunOnce(bg)
+				require.NoError(t, err)
+				require.GreaterOrEqual(t, res.TombstonesWritten, int64(1))
+				check(true)
+
+				b.elapse(t, horizon, key)
+				again, err := adm.Acquire(bg, b.p, req)
+				require.NoError(t, err)
+				require.True(t, again.Admitted)
+				require.Equal(t, int64(3), again.FencingToken)
+			})
+		}
+	})
+}
+
+// TestProtectingSuccessRacesTakeover: on PostgreSQL, a success that protects its key (it takes
+// the key row) racing an acquire that takes the expired key over (key row, then operation)
+// never deadlocks: both lock the key row first. Issue 30's review saw 2 of 770 such outcomes
+// answered 503 (deadlock detected) when the outcome took the operation first.
+func TestProtectingSuccessRacesTakeover(t *testing.T) {
+	horizon := time.Hour
+	onPostgres(t, func(t *testing.T, b *testBundle) {
+		ps := NewPolicies(b.db, nil)
+		adm := b.adm.WithPolicies(ps)
+		_, err := ps.Set(bg, Installation(), PolicyInput{Tenant: b.tenantName(t), Operation: "charge", Horizon: &horizon})
+		require.NoError(t, err)
+		const workers, rounds = 8, 25
+		var wg sync.WaitGroup
+		errs := make(chan error, workers*rounds*2)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := range rounds {
+					key := fmt.Sprintf("race-%d-%d", w, r)
+					req := AcquireInput{Key: key, TTLSeconds: 60, Operation: ptr("charge")}
+					first, err := adm.Acquire(bg, b.p, req)
+					if err != nil {
+						errs <- err
+						return
+					}
+					modeltest.Elapse(t, b.db, b.p.TenantID, 61*time.Second, key)
+					var race sync.WaitGroup
+					race.Add(2)
+					go func() {
+						defer race.Done()
+						_, err := adm.RecordOutcome(bg, b.p, first.OperationID, OutcomeInput{OwnerToken: first.OwnerToken,
+							Status: StateSucceeded})
+						if err != nil && !errors.Is(err, ErrInvalidTransition) && !isCode(err, CodeInvalidTransition) {
+							errs <- fmt.Errorf("outcome: %w", err)
+						}
+					}()
+					go func() {
+						defer race.Done()
+						if _, err := adm.Acquire(bg, b.p, req); err != nil {
+							errs <- fmt.Errorf("acquire: %w", err)
+						}
+					}()
+					race.Wait()
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		require.Zero(t, deadlocks.Load(), "statements chosen as a deadlock's victim")
 	})
 }

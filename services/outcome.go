@@ -91,12 +91,15 @@ func (a *Admission) RecordOutcome(ctx context.Context, p Principal, id string, i
 			return err
 		}
 		// Lock in the order acquire, release and the reaper use (key row, then operation), so a
-		// release-with-outcome racing a takeover of the same key cannot deadlock.
+		// release-with-outcome, or a success that protects its key, racing a takeover of the
+		// same key cannot deadlock.
 		if in.Release {
 			if err := a.st.lock(tx).Where("tenant_id = ? AND key = ?", p.TenantID, op.Key).
 				Take(&models.IdemKey{}).Error; err != nil {
 				return err
 			}
+		} else if err := lockKeyForHorizon(tx, a.st, &op, in.Status); err != nil {
+			return err
 		}
 		if err := a.st.lock(tx).Where("id = ?", id).Take(&op).Error; err != nil {
 			return err
@@ -177,12 +180,7 @@ func applyOutcome(tx *gorm.DB, op *models.Operation, status string, receipt *str
 		return false, err
 	}
 	if target == StateSucceeded && op.HorizonSeconds != nil {
-		// docs/reference.md §2 "Lifecycle": the key refuses new admissions until the horizon
-		// ends, if this is still its newest operation (one admitted after it since has nothing
-		// left to protect).
-		until := now.Add(time.Duration(*op.HorizonSeconds) * time.Second)
-		if err := tx.Model(&models.IdemKey{}).Where("id = ? AND last_operation_id = ?", op.KeyID, op.ID).
-			Update("protected_until", until).Error; err != nil {
+		if err := protectKey(tx, op, now); err != nil {
 			return false, err
 		}
 	}

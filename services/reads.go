@@ -274,8 +274,8 @@ func (r *reader) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]Ke
 		if m, ok := ops[k.LastOperationID]; ok {
 			op := operationFromModel(m, held && *k.HolderOperationID == m.ID)
 			v.Operation = &op
-		} else if protected(&k, now) && k.TombState != nil {
-			// docs/reference.md §2 "Lifecycle": purged within its horizon; the tombstone stands in.
+		} else if tombstoned(&k, now) {
+			// docs/reference.md §2 "Lifecycle": purged within a horizon; the tombstone stands in.
 			op := tombstoneOperation(&k)
 			v.Operation = &op
 		}

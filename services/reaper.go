@@ -476,21 +476,22 @@ func purgeScan(db *gorm.DB, src purgeSource, after *purgeCandidate, limit int) *
 }
 
 // writeTombstones writes, in tx, the tombstone of each of the operations ids (about to be
-// purged) that is still its key's newest and whose key refuses new admissions past now
-// (protected_until: docs/reference.md §2 "Lifecycle"): its state, outcome status and receipt,
-// and request hash, on the key row. In the purge's transaction, so an operation is never gone
+// purged) that protects its key past now (protected_by and protected_until: docs/reference.md
+// §2 "Lifecycle"): its fencing token, state, outcome status and receipt, and request hash, on
+// the key row. In the purge's transaction, so an operation is never gone
 // without its tombstone: a crash leaves both or neither.
 func writeTombstones(tx *gorm.DB, ids []string, now time.Time) (int64, error) {
 	var ops []models.Operation
-	if err := tx.Select("id", "key_id", "state", "outcome_status", "outcome_receipt", "operation_name", "fingerprint").
+	if err := tx.Select("id", "key_id", "fencing_token", "state", "outcome_status", "outcome_receipt", "operation_name",
+		"fingerprint").
 		Where("id IN ?", ids).
-		Where("EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id AND k.last_operation_id = operations.id AND k.protected_until > ?)", now).
+		Where("EXISTS (SELECT 1 FROM idem_keys k WHERE k.id = operations.key_id AND k.protected_by = operations.id AND k.protected_until > ?)", now).
 		Find(&ops).Error; err != nil {
 		return 0, err
 	}
 	for _, o := range ops {
-		if err := tx.Model(&models.IdemKey{}).Where("id = ? AND last_operation_id = ?", o.KeyID, o.ID).
-			Updates(map[string]any{"tomb_state": o.State, "tomb_outcome_status": o.OutcomeStatus,
+		if err := tx.Model(&models.IdemKey{}).Where("id = ? AND protected_by = ?", o.KeyID, o.ID).
+			Updates(map[string]any{"tomb_fencing_token": o.FencingToken, "tomb_state": o.State, "tomb_outcome_status": o.OutcomeStatus,
 				"tomb_outcome_receipt": o.OutcomeReceipt, "tomb_request_hash": requestHash(o.OperationName, o.Fingerprint)}).Error; err != nil {
 			return 0, err
 		}

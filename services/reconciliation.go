@@ -234,7 +234,11 @@ func (rc *Reconciliation) ReconcileOutcome(ctx context.Context, acct *OperatorAc
 		observeOutcome(ctx, rc.obs, SourceOperator, in.Status, changed, err, operationDecision("", out))
 	}()
 	err = rc.db.Tx(ctx, func(tx *gorm.DB) error {
-		if _, err := rc.operatorOpRow(tx, acct, id); err != nil {
+		seen, err := rc.operatorOpRow(tx, acct, id)
+		if err != nil {
+			return err
+		}
+		if err := lockKeyForHorizon(tx, rc.st, seen, in.Status); err != nil {
 			return err
 		}
 		var op models.Operation

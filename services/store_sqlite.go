@@ -143,23 +143,24 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			if err := tx.Model(&models.Operation{}).Where("id = ?", h.ID).Updates(update).Error; err != nil {
 				return err
 			}
-		case protected(&k, now) && tx.Where("id = ?", k.LastOperationID).Take(&models.Operation{}).Error != nil:
-			// docs/reference.md §2 "Lifecycle": the key's last operation was purged within its
-			// horizon; its tombstone answers (as PostgreSQL's idemgate_acquire does).
+		case tombstoned(&k, now) && tx.Where("id = ?", *k.ProtectedBy).Take(&models.Operation{}).Error != nil:
+			// docs/reference.md §2 "Lifecycle": the operation that protects the key was purged
+			// within its horizon; its tombstone answers (as PostgreSQL's idemgate_acquire does).
 			d.result = ResultConflict
 			if k.TombRequestHash != nil && *k.TombRequestHash == requestHash(in.Operation, in.Fingerprint) {
 				d.result = ResultDuplicate
 			}
 			d.op = tombstoneOperation(&k)
 			return tx.Create(&models.Attempt{
-				TenantID: p.TenantID, Key: in.Key, OperationID: &k.LastOperationID, Result: d.result,
+				TenantID: p.TenantID, Key: in.Key, OperationID: k.ProtectedBy, Result: d.result,
 				AttemptID: in.AttemptID, OperationName: in.Operation, Fingerprint: in.Fingerprint,
 				CorrelationID: in.CorrelationID, Caller: p.Prefix, AttemptedAt: now,
 			}).Error
-		case holdsAfterTTL(tx, k.LastOperationID, protected(&k, now), &newOp):
+		case holdsAfterTTL(tx, &k, now, &newOp):
 			// docs/reference.md §8: hold_until_reconciled keeps the key past its TTL until the
-			// operation is reconciled, and §2 "Lifecycle": a succeeded one until its horizon
-			// ends; answered about that operation, never admitted.
+			// operation is reconciled, and §2 "Lifecycle": a success keeps it until its horizon
+			// ends, whether or not it is the key's newest; answered about that operation, never
+			// admitted.
 			h := newOp
 			if h.State == StateInProgress {
 				if _, err := expireToUncertain(tx, p.TenantID, h.ID, now); err != nil {
@@ -191,7 +192,8 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 			newOp.FencingToken, newOp.KeyID = k.FencingToken+1, k.ID
 			if err := tx.Model(&models.IdemKey{}).Where("id = ?", k.ID).Updates(map[string]any{
 				"fencing_token": newOp.FencingToken, "holder_operation_id": opID, "expires_at": expires,
-				"last_operation_id": opID, "acquired_at": now, "protected_until": nil, "tomb_state": nil,
+				"last_operation_id": opID, "acquired_at": now, "protected_until": nil, "protected_by": nil,
+				"tomb_fencing_token": nil, "tomb_state": nil,
 				"tomb_outcome_status": nil, "tomb_outcome_receipt": nil, "tomb_request_hash": nil,
 			}).Error; err != nil {
 				return err
@@ -225,14 +227,18 @@ func protected(k *models.IdemKey, now time.Time) bool {
 	return k.ProtectedUntil != nil && k.ProtectedUntil.After(now)
 }
 
-// holdsAfterTTL reports whether the key whose newest operation is lastID is kept from a new
-// admission after its TTL, by its horizon (protected: the key row's protected_until is ahead)
-// or by that operation's hold_until_reconciled policy (holdsUntilReconciled); if so, *into is
-// that operation. A lookup error counts as not held: the takeover that follows
+// holdsAfterTTL reports whether key row k is kept from a new admission after its TTL at now: by
+// the horizon of the operation that protects it (protected_by, while protected_until is
+// ahead), or by its newest operation's hold_until_reconciled policy (holdsUntilReconciled);
+// if so, *into is that operation. A lookup error counts as not held: the takeover that follows
 // reads the same row and reports it.
-func holdsAfterTTL(tx *gorm.DB, lastID string, protected bool, into *models.Operation) bool {
+func holdsAfterTTL(tx *gorm.DB, k *models.IdemKey, now time.Time, into *models.Operation) bool {
 	var m models.Operation
-	if err := tx.Where("id = ?", lastID).Take(&m).Error; err != nil || !(protected || holdsUntilReconciled(&m)) {
+	if protected(k, now) && k.ProtectedBy != nil && tx.Where("id = ?", *k.ProtectedBy).Take(&m).Error == nil {
+		*into = m
+		return true
+	}
+	if err := tx.Where("id = ?", k.LastOperationID).Take(&m).Error; err != nil || !holdsUntilReconciled(&m) {
 		return false
 	}
 	*into = m

@@ -99,10 +99,23 @@ func (f *fakeServer) protects(k *fakeKey, now time.Time) bool {
 	}
 	h := f.ops[k.holder]
 	f.lapse(h, now)
-	if h.state == "succeeded" && now.Before(h.protected) && f.broken != fakeHorizonIgnored {
-		return true
-	}
 	return h.hold && h.state == "uncertain" && f.broken != fakeHoldReadmits
+}
+
+// protector is the success of key whose horizon keeps the key at now, holder or not (it may
+// have succeeded after the key was taken over from it); nil when none does, or when the fake
+// is broken to ignore horizons. Caller holds f.mu.
+func (f *fakeServer) protector(key string, now time.Time) *fakeOp {
+	if f.broken == fakeHorizonIgnored {
+		return nil
+	}
+	var p *fakeOp
+	for _, o := range f.ops {
+		if o.key == key && o.state == "succeeded" && now.Before(o.protected) && (p == nil || o.protected.After(p.protected)) {
+			p = o
+		}
+	}
+	return p
 }
 
 // live reports whether k is held now; caller holds f.mu.
@@ -159,6 +172,15 @@ func (f *fakeServer) acquire(w http.ResponseWriter, a acquireReq) {
 	f.mu.Lock()
 	now := time.Now()
 	k := f.keys[a.key]
+	if p := f.protector(a.key, now); p != nil && !f.live(k, now) {
+		defer f.mu.Unlock()
+		if p.name == a.name && p.fp == a.fp {
+			reply(w, 200, map[string]any{"admitted": false, "key": a.key, "operation": f.opJSON(p)})
+		} else {
+			problem(w, 422, "fingerprint_mismatch")
+		}
+		return
+	}
 	if f.protects(k, now) {
 		defer f.mu.Unlock()
 		h := f.ops[k.holder]

@@ -143,7 +143,24 @@ func (s keyState) free(ret int64) bool {
 		return true
 	}
 	h := s.ops[s.holder]
-	return expiredBy(h, ret) && !blocks(h) && !surelyProtected(h, ret)
+	if !expiredBy(h, ret) || blocks(h) {
+		return false
+	}
+	// A success keeps its key until its horizon ends, whether or not it is the holder (it may
+	// have succeeded after the key was taken over from it).
+	for _, o := range s.ops {
+		if surelyProtected(o, ret) {
+			return false
+		}
+	}
+	return true
+}
+
+// protector reports whether operation id, not the holder, may have kept the key at call by
+// its horizon: a success the server may name in a 200 or a 422 instead of the holder.
+func (s keyState) protector(id string, call int64) (opInfo, bool) {
+	o, ok := s.ops[id]
+	return o, ok && id != s.holder && mayBeProtected(o, call)
 }
 
 // surelyProtected reports whether a success's horizon certainly lasted up to ret;
@@ -314,6 +331,13 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			}
 			return []keyState{s.admit(out.OpID, in, out.Exp, out.LeaseExp)}
 		case 200:
+			if p, ok := s.protector(out.OpID, in.Call); ok {
+				// Answered about a success that protects the key past its holder's TTL.
+				if p.fp != in.FP || p.name != in.Name || out.State != "succeeded" {
+					return nil
+				}
+				return []keyState{s}
+			}
 			if !s.liveHolder(in.Call) || !s.matchesHolder(out.OpID) {
 				return nil
 			}
@@ -361,6 +385,11 @@ func stepKey(opts modelOptions, s keyState, in callInput, out callOutput) []keyS
 			}
 			return next
 		case 422:
+			for id, o := range s.ops {
+				if _, ok := s.protector(id, in.Call); ok && (o.fp != in.FP || o.name != in.Name) {
+					return []keyState{s} // another request than a protecting success's
+				}
+			}
 			if !s.liveHolder(in.Call) {
 				return nil
 			}

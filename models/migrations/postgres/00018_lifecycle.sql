@@ -40,22 +40,26 @@ DROP INDEX operations_ended;
 CREATE INDEX operations_ended ON operations (ended_at, id) WHERE ended_at IS NOT NULL AND purge_after IS NULL;
 
 -- The key's protection past its TTL and, once the operation's evidence is purged, its
--- tombstone: protected_until is set when a succeeded operation with a horizon ends (ended_at +
--- horizon) and refuses a new admission until then; the tomb_* columns are written by the purge
--- that deletes the key's last operation within its horizon, in the same transaction, and are
--- enough to answer a later acquire as a duplicate of it (id: last_operation_id; fencing token:
--- fencing_token) or to refuse another request (tomb_request_hash: idemgate_request_hash of its
--- operation name and fingerprint). After protected_until the key is free; its fencing_token
--- never goes down, so the next admission's token is greater than any the key had.
+-- tombstone: protected_until and protected_by are set when a succeeded operation with a horizon
+-- ends (ended_at + horizon; that operation), whether or not it is still the key's newest (a
+-- late success of an operation the key was taken over from protects the key too), unless a
+-- protection that lasts longer is there; the key refuses a new admission until then. The
+-- tomb_* columns are written by the purge that deletes the protecting operation within its
+-- horizon, in the same transaction, and are enough to answer a later acquire as a duplicate of
+-- it (id: protected_by) or to refuse another request (tomb_request_hash: idemgate_request_hash
+-- of its operation name and fingerprint). After protected_until the key is free; its
+-- fencing_token never goes down, so the next admission's token is greater than any it had.
 ALTER TABLE idem_keys
   ADD COLUMN protected_until      timestamptz,
+  ADD COLUMN protected_by         uuid,
+  ADD COLUMN tomb_fencing_token   bigint,
   ADD COLUMN tomb_state           text,
   ADD COLUMN tomb_outcome_status  text,
   ADD COLUMN tomb_outcome_receipt text,
   ADD COLUMN tomb_request_hash    bigint;
 
 -- +goose Down
-ALTER TABLE idem_keys DROP COLUMN protected_until, DROP COLUMN tomb_state, DROP COLUMN tomb_outcome_status,
+ALTER TABLE idem_keys DROP COLUMN protected_until, DROP COLUMN protected_by, DROP COLUMN tomb_fencing_token, DROP COLUMN tomb_state, DROP COLUMN tomb_outcome_status,
   DROP COLUMN tomb_outcome_receipt, DROP COLUMN tomb_request_hash;
 DROP INDEX operations_ended;
 CREATE INDEX operations_ended ON operations (ended_at) WHERE ended_at IS NOT NULL;

@@ -24,6 +24,8 @@ DROP INDEX operations_ended;
 CREATE INDEX operations_ended ON operations (ended_at, id) WHERE ended_at IS NOT NULL AND purge_after IS NULL;
 
 ALTER TABLE idem_keys ADD COLUMN protected_until DATETIME;
+ALTER TABLE idem_keys ADD COLUMN protected_by TEXT;
+ALTER TABLE idem_keys ADD COLUMN tomb_fencing_token INTEGER;
 ALTER TABLE idem_keys ADD COLUMN tomb_state TEXT;
 ALTER TABLE idem_keys ADD COLUMN tomb_outcome_status TEXT;
 ALTER TABLE idem_keys ADD COLUMN tomb_outcome_receipt TEXT;
@@ -38,6 +40,8 @@ ALTER TABLE idem_keys DROP COLUMN tomb_outcome_receipt;
 ALTER TABLE idem_keys DROP COLUMN tomb_outcome_status;
 ALTER TABLE idem_keys DROP COLUMN tomb_state;
 ALTER TABLE idem_keys DROP COLUMN protected_until;
+ALTER TABLE idem_keys DROP COLUMN protected_by;
+ALTER TABLE idem_keys DROP COLUMN tomb_fencing_token;
 ALTER TABLE operations DROP COLUMN purge_after;
 ALTER TABLE operations DROP COLUMN horizon_seconds;
 ALTER TABLE operations DROP COLUMN retention_seconds;

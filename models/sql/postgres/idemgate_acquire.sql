@@ -48,7 +48,6 @@ DECLARE
   v_op      uuid;
   v_lease   integer := COALESCE(p_lease_seconds, p_ttl_seconds);
   v_policy  text := COALESCE(p_on_expiry, 'readmit');
-  v_found   boolean;
   v_tomb    boolean := false;
 BEGIN
   -- A new key is never decided here: acquireSQL (services/store_postgres.go) and the first
@@ -123,36 +122,46 @@ BEGIN
     v_now := clock_timestamp();
     CONTINUE WHEN v_k.holder_operation_id IS NOT NULL AND v_k.expires_at > v_now;
 
-    SELECT * INTO v_prev FROM operations o WHERE o.id = v_k.last_operation_id;
-    v_found := FOUND;
-    IF NOT v_found AND v_k.protected_until > v_now THEN
-      -- docs/reference.md §2 "Lifecycle": the key's last operation succeeded and was purged
-      -- within its horizon. Its tombstone answers: a duplicate of it, or a conflict for another
-      -- request; nothing is counted (the operation's counters went with it), and the attempt
-      -- names the purged operation.
-      v_tomb := true;
-      v_result := CASE WHEN v_k.tomb_request_hash = idemgate_request_hash(p_operation_name, p_fingerprint)
+    IF v_k.protected_until > v_now AND v_k.protected_by IS NOT NULL THEN
+      -- docs/reference.md §2 "Lifecycle": a success keeps its key until its horizon ends,
+      -- whether or not it is the key's newest operation. Answered about it while its evidence
+      -- is kept; once purged, by its tombstone: a duplicate of it, or a conflict for another
+      -- request, nothing counted (its counters went with it), the attempt naming it.
+      SELECT * INTO v_h FROM operations o WHERE o.id = v_k.protected_by;
+      IF NOT FOUND THEN
+        v_tomb := true;
+        v_result := CASE WHEN v_k.tomb_request_hash = idemgate_request_hash(p_operation_name, p_fingerprint)
+                         THEN 'duplicate' ELSE 'conflict' END;
+        v_h.id := v_k.protected_by;
+        v_h.key := p_key;
+        v_h.state := COALESCE(v_k.tomb_state, 'succeeded');
+        v_h.fencing_token := COALESCE(v_k.tomb_fencing_token, v_k.fencing_token);
+        v_h.acquired_at := v_k.acquired_at;
+        v_h.expires_at := v_k.protected_until;
+        v_h.outcome_status := v_k.tomb_outcome_status;
+        v_h.outcome_receipt := v_k.tomb_outcome_receipt;
+        v_h.on_expiry := 'readmit';
+        v_h.duplicate_attempts := 0;
+        v_h.conflict_attempts := 0;
+        v_op := v_k.protected_by;
+        EXIT;
+      END IF;
+      v_result := CASE WHEN idemgate_same_request(v_h.operation_name, v_h.fingerprint, p_operation_name, p_fingerprint)
                        THEN 'duplicate' ELSE 'conflict' END;
-      v_h.id := v_k.last_operation_id;
-      v_h.key := p_key;
-      v_h.state := COALESCE(v_k.tomb_state, 'succeeded');
-      v_h.fencing_token := v_k.fencing_token;
-      v_h.acquired_at := v_k.acquired_at;
-      v_h.expires_at := v_k.protected_until;
-      v_h.outcome_status := v_k.tomb_outcome_status;
-      v_h.outcome_receipt := v_k.tomb_outcome_receipt;
-      v_h.on_expiry := 'readmit';
-      v_h.duplicate_attempts := 0;
-      v_h.conflict_attempts := 0;
-      v_prev := NULL;
-      v_op := v_k.last_operation_id;
+      INSERT INTO operation_counters AS c (operation_id, shard, duplicate_attempts, conflict_attempts)
+      VALUES (v_h.id, pg_backend_pid(), (v_result = 'duplicate')::int, (v_result = 'conflict')::int)
+      ON CONFLICT (operation_id, shard) DO UPDATE
+         SET duplicate_attempts = c.duplicate_attempts + excluded.duplicate_attempts,
+             conflict_attempts = c.conflict_attempts + excluded.conflict_attempts;
+      v_op := v_h.id;
       EXIT;
     END IF;
-    IF v_found AND (v_k.protected_until > v_now OR (v_prev.on_expiry = 'hold_until_reconciled'
-                    AND v_prev.state IN ('in_progress', 'uncertain', 'succeeded'))) THEN
+
+    SELECT * INTO v_prev FROM operations o WHERE o.id = v_k.last_operation_id;
+    IF FOUND AND v_prev.on_expiry = 'hold_until_reconciled'
+       AND v_prev.state IN ('in_progress', 'uncertain', 'succeeded') THEN
       -- docs/reference.md §8: the newest operation holds its key until it is reconciled,
-      -- whatever the TTL; §2 "Lifecycle": a succeeded one holds it until its horizon ends
-      -- (protected_until). Not admitted: answered about that operation (uncertain: 409
+      -- whatever the TTL. Not admitted: answered about that operation (uncertain: 409
       -- outcome_uncertain; succeeded: a duplicate with its outcome).
       IF v_prev.state = 'in_progress' THEN
         UPDATE operations o SET state = 'uncertain', state_reason =
@@ -204,8 +213,8 @@ BEGIN
        SET fencing_token = v_k.fencing_token + 1, holder_operation_id = p_operation_id,
            expires_at = v_now + make_interval(secs => p_ttl_seconds),
            last_operation_id = p_operation_id, acquired_at = v_now, protected_until = NULL,
-           tomb_state = NULL, tomb_outcome_status = NULL, tomb_outcome_receipt = NULL,
-           tomb_request_hash = NULL
+           protected_by = NULL, tomb_fencing_token = NULL, tomb_state = NULL,
+           tomb_outcome_status = NULL, tomb_outcome_receipt = NULL, tomb_request_hash = NULL
      WHERE k.id = v_k.id;
     INSERT INTO operations (id, key_id, tenant_id, key, operation_name, fingerprint, correlation_id,
                             attempt_id, api_key_id, metadata, state, fencing_token,
