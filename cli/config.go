@@ -42,6 +42,10 @@ type Config struct {
 	// §10), default true. Events are written to the outbox either way; turn it off on instances
 	// that should not make outbound calls, as long as one instance delivers.
 	Webhooks bool
+	// Listen is IDEMGATE_LISTEN, default true: the instance keeps one LISTEN connection to wake
+	// waiting requests at once. false is for engines and poolers without LISTEN/NOTIFY: waiters
+	// then learn of outcomes by polling, every 100 ms.
+	Listen bool
 	// WebhookPoll is IDEMGATE_WEBHOOK_POLL_INTERVAL, how often an idle dispatcher looks for due
 	// deliveries, default 1s, from 100ms to 1h.
 	WebhookPoll time.Duration
@@ -124,6 +128,7 @@ var Variables = []Variable{
 	{Name: "IDEMGATE_START_TIMEOUT", Default: "60s", Meaning: "how long start-up retries an unreachable database"},
 	{Name: "IDEMGATE_MAX_WAITERS", Default: "1000", Meaning: "requests one instance lets wait (?wait=) at once (1-1000000)"},
 	{Name: "IDEMGATE_LISTEN_DATABASE_URL", Shown: "DATABASE_URL", Meaning: "direct PostgreSQL URL for the LISTEN connection (behind PgBouncer)"},
+	{Name: "IDEMGATE_LISTEN", Default: "true", Meaning: "LISTEN for outcomes (false: waiters poll every 100ms, for engines without LISTEN/NOTIFY)"},
 	{Name: "IDEMGATE_WEBHOOKS", Default: "true", Meaning: "run a webhook dispatcher in this instance"},
 	{Name: "IDEMGATE_WEBHOOK_POLL_INTERVAL", Default: "1s", Meaning: "how often an idle dispatcher looks for due deliveries (100ms-1h)"},
 	{Name: "IDEMGATE_WEBHOOK_TIMEOUT", Default: "10s", Meaning: "limit of one delivery attempt (1s-60s)"},
@@ -326,6 +331,7 @@ func readSwitches(r *envReader, c *Config) {
 	c.Webhooks = r.boolean("IDEMGATE_WEBHOOKS")
 	c.WebhookAllowPrivate = r.boolean("IDEMGATE_WEBHOOK_ALLOW_PRIVATE")
 	c.TraceKeys = r.boolean("IDEMGATE_TRACE_KEYS")
+	c.Listen = r.boolean("IDEMGATE_LISTEN")
 }
 
 // logFormatProblems are what is wrong with format as IDEMGATE_LOG_FORMAT: json, text or "".

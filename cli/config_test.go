@@ -156,3 +156,16 @@ func TestLoadConfigWaiters(t *testing.T) {
 		require.ErrorContains(t, err, "IDEMGATE_MAX_WAITERS", bad)
 	}
 }
+
+// TestListenSwitch: IDEMGATE_LISTEN is on unless set to false (issue 31: engines without
+// LISTEN/NOTIFY), and anything but a boolean is refused with the variable's name.
+func TestListenSwitch(t *testing.T) {
+	c, err := LoadConfig(env(map[string]string{}))
+	require.NoError(t, err)
+	require.True(t, c.Listen)
+	c, err = LoadConfig(env(map[string]string{"IDEMGATE_LISTEN": "false"}))
+	require.NoError(t, err)
+	require.False(t, c.Listen)
+	_, err = LoadConfig(env(map[string]string{"IDEMGATE_LISTEN": "off"}))
+	require.ErrorContains(t, err, "IDEMGATE_LISTEN")
+}

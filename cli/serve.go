@@ -100,7 +100,7 @@ func serve(ctx context.Context, env Env) error {
 	svc := services.New(db, log, services.Options{
 		MaxTTL: cfg.MaxTTL, GroupAdmission: cfg.GroupAdmission, GroupLinger: cfg.GroupLinger,
 		Retention: cfg.Retention, StoreTimeout: cfg.StoreTimeout,
-		MaxWaiters: cfg.MaxWaiters, ListenURL: cfg.ListenDatabaseURL,
+		MaxWaiters: cfg.MaxWaiters, ListenURL: cfg.ListenDatabaseURL, NoListen: !cfg.Listen,
 		WebhookAllowPrivate: cfg.WebhookAllowPrivate, Dispatch: cfg.Webhooks,
 		WebhookPoll: cfg.WebhookPoll, WebhookTimeout: cfg.WebhookTimeout,
 	})

@@ -42,6 +42,10 @@ type AwaiterConfig struct {
 	ListenURL string
 	// Poll is the polling interval (DefaultAwaitPoll).
 	Poll time.Duration
+	// NoListen never opens the LISTEN connection, for engines and poolers without
+	// LISTEN/NOTIFY (IDEMGATE_LISTEN=false): waiters are woken by the poll alone, which costs
+	// them up to Poll of latency and nothing else (issue 31).
+	NoListen bool
 	// Log receives the listener's connection problems, each kind once until it recovers.
 	Log *slog.Logger
 }
@@ -113,7 +117,7 @@ func (a *Awaiter) Run(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}()
-	if a.st.listens() && a.cfg.ListenURL != "" {
+	if a.st.listens() && a.cfg.ListenURL != "" && !a.cfg.NoListen {
 		go a.listen(ctx)
 	}
 	t := time.NewTicker(a.cfg.Poll)

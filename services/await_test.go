@@ -59,7 +59,8 @@ func startWait(t *testing.T, aw *Awaiter, b *testBundle, id string, d time.Durat
 
 // TestWaitReturnsOnOutcomeFromAnotherInstance: a waiter learns of an outcome recorded through
 // another pool on the same database (another instance). On PostgreSQL it is woken by
-// LISTEN/NOTIFY alone (polling off), and by polling alone (LISTEN unreachable); on SQLite by
+// LISTEN/NOTIFY alone (polling off), and by polling alone (LISTEN unreachable, or off:
+// IDEMGATE_LISTEN=false); on SQLite by
 // polling.
 func TestWaitReturnsOnOutcomeFromAnotherInstance(t *testing.T) {
 	t.Parallel()
@@ -71,7 +72,8 @@ func TestWaitReturnsOnOutcomeFromAnotherInstance(t *testing.T) {
 		}
 		modes := []mode{{"poll", AwaiterConfig{ListenURL: "postgres://127.0.0.1:1/none?connect_timeout=1"}}}
 		if b.db.Dialect == models.Postgres {
-			modes = append(modes, mode{"notify", AwaiterConfig{Poll: time.Hour}})
+			modes = append(modes, mode{"notify", AwaiterConfig{Poll: time.Hour}},
+				mode{"poll, LISTEN off", AwaiterConfig{NoListen: true}}) // IDEMGATE_LISTEN=false
 		}
 		for _, m := range modes {
 			t.Run(m.name, func(t *testing.T) {
@@ -87,6 +89,9 @@ func TestWaitReturnsOnOutcomeFromAnotherInstance(t *testing.T) {
 				require.NoError(t, r.err)
 				require.Equal(t, StateSucceeded, r.op.State, "answered on the outcome, not at the end of the wait")
 				require.Zero(t, aw.Waiting())
+				if m.cfg.NoListen {
+					require.False(t, aw.Listening(), "IDEMGATE_LISTEN=false opens no LISTEN connection")
+				}
 			})
 		}
 	})

@@ -67,6 +67,9 @@ type Options struct {
 	// ListenURL is the PostgreSQL URL of the Awaiter's LISTEN connection ("": the pool's).
 	// IDEMGATE_LISTEN_DATABASE_URL.
 	ListenURL string
+	// NoListen keeps the Awaiter from LISTENing at all (AwaiterConfig.NoListen).
+	// IDEMGATE_LISTEN=false.
+	NoListen bool
 	// WebhookAllowPrivate lets webhook endpoints, and so deliveries, name private addresses.
 	// IDEMGATE_WEBHOOK_ALLOW_PRIVATE.
 	WebhookAllowPrivate bool
@@ -102,9 +105,10 @@ func New(db *models.DB, log *slog.Logger, opts Options) *Services {
 		Accounts:       NewAccounts(db, log, auth),
 		Sessions:       NewSessionStore(db).WithTimeout(opts.StoreTimeout),
 		Webhooks:       NewWebhooks(db, log, opts.WebhookAllowPrivate),
-		Awaiter:        NewAwaiter(db, AwaiterConfig{MaxWaiters: opts.MaxWaiters, ListenURL: opts.ListenURL, Log: log}),
-		Reaper:         NewReaper(db, log, opts.Retention),
-		Database:       NewDatabase(db),
+		Awaiter: NewAwaiter(db, AwaiterConfig{MaxWaiters: opts.MaxWaiters, ListenURL: opts.ListenURL, NoListen: opts.NoListen,
+			Log: log}),
+		Reaper:   NewReaper(db, log, opts.Retention),
+		Database: NewDatabase(db),
 	}
 	if opts.Dispatch {
 		s.Dispatcher = NewDispatcher(db, log, DispatcherConfig{Poll: opts.WebhookPoll, Timeout: opts.WebhookTimeout,
