@@ -274,8 +274,10 @@ func (r *reader) keyViews(tx *gorm.DB, ks []models.IdemKey, now time.Time) ([]Ke
 		if m, ok := ops[k.LastOperationID]; ok {
 			op := operationFromModel(m, held && *k.HolderOperationID == m.ID)
 			v.Operation = &op
-		} else if tombstoned(&k, now) {
-			// docs/reference.md §2 "Lifecycle": purged within a horizon; the tombstone stands in.
+		} else if tombstoned(&k, now) && *k.ProtectedBy == k.LastOperationID {
+			// docs/reference.md §2 "Lifecycle": the newest operation was purged within its
+			// horizon; its tombstone stands in. A tombstone of an older operation (a late
+			// success) is not the key's newest operation, which is what a key view names.
 			op := tombstoneOperation(&k)
 			v.Operation = &op
 		}
