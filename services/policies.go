@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/idemgate/idemgate/models"
+	"golang.org/x/sync/singleflight"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 )
@@ -95,6 +97,8 @@ type Policies struct {
 	maxTTL time.Duration
 	mu     sync.Mutex
 	cache  map[int64]*tenantPolicies
+	// reads lets one read of a tenant's policies run at a time (tenant).
+	reads singleflight.Group
 }
 
 // tenantPolicies is one tenant's policies as read at loaded, by operation name ("" for the
@@ -206,7 +210,8 @@ func (ps *Policies) Delete(ctx context.Context, by *OperatorAccount, tenant, ope
 }
 
 // List returns the policies of tenant (by name), or of every tenant when tenant is "", by
-// tenant and operation name (the tenant-wide one first). Errors: ErrInvalidRequest (an unknown
+// tenant and operation name (the tenant-wide one first), at most maxAdminRows (1,000) like
+// the other admin listings. Errors: ErrInvalidRequest (an unknown
 // tenant), ErrStoreUnavailable.
 func (ps *Policies) List(ctx context.Context, tenant string) ([]PolicyInfo, error) {
 	var rows []struct {
@@ -214,7 +219,7 @@ func (ps *Policies) List(ctx context.Context, tenant string) ([]PolicyInfo, erro
 		Tenant string
 	}
 	q := ps.db.WithContext(ctx).Table("policies p").Select("p.*, t.name AS tenant").
-		Joins("JOIN tenants t ON t.id = p.tenant_id").Order("t.name, p.operation_name")
+		Joins("JOIN tenants t ON t.id = p.tenant_id").Order("t.name, p.operation_name").Limit(maxAdminRows)
 	if tenant != "" {
 		id, err := tenantIDByName(ps.db.WithContext(ctx), tenant)
 		if err != nil {
@@ -305,22 +310,33 @@ func (ps *Policies) tenant(ctx context.Context, tenantID int64) (*tenantPolicies
 	if tp != nil && time.Since(tp.loaded) < PolicyMaxAge {
 		return tp, nil
 	}
-	var rows []models.Policy
-	if err := ps.db.WithContext(ctx).Where("tenant_id = ?", tenantID).Find(&rows).Error; err != nil {
+	// One read per tenant at a time: when the entry goes stale under load, every acquire of
+	// the tenant in flight would otherwise read the policies at once. The read is not the
+	// first caller's to cancel (the others wait on it), so it runs under the store timeout.
+	v, err, _ := ps.reads.Do(strconv.FormatInt(tenantID, 10), func() (any, error) {
+		rctx, cancel := ps.db.Bounded(context.WithoutCancel(ctx))
+		defer cancel()
+		var rows []models.Policy
+		if err := ps.db.WithContext(rctx).Where("tenant_id = ?", tenantID).Find(&rows).Error; err != nil {
+			return nil, err
+		}
+		fresh := &tenantPolicies{loaded: time.Now(), byOp: make(map[string]models.Policy, len(rows))}
+		for _, r := range rows {
+			fresh.byOp[r.OperationName] = r
+		}
+		ps.mu.Lock()
+		ps.cache[tenantID] = fresh
+		ps.mu.Unlock()
+		return fresh, nil
+	})
+	if err != nil {
 		if tp != nil {
 			ps.log.WarnContext(ctx, "policies not read again; using those read before", "tenant_id", tenantID, "err", err)
 			return tp, nil
 		}
 		return nil, err
 	}
-	fresh := &tenantPolicies{loaded: time.Now(), byOp: make(map[string]models.Policy, len(rows))}
-	for _, r := range rows {
-		fresh.byOp[r.OperationName] = r
-	}
-	ps.mu.Lock()
-	ps.cache[tenantID] = fresh
-	ps.mu.Unlock()
-	return fresh, nil
+	return v.(*tenantPolicies), nil
 }
 
 // forget drops tenantID's cached policies, so this instance's next acquire reads them again.

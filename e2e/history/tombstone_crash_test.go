@@ -112,7 +112,12 @@ func TestTombstonesSurviveKilledReapers(t *testing.T) {
 	wg.Wait()
 	require.False(t, t.Failed())
 	t.Logf("seeded %d successes in %s", n, time.Since(begin).Round(time.Millisecond))
-	time.Sleep(2500 * time.Millisecond) // fault setup: the TTL (1 s) and the retention (1 s) pass
+	// Let the TTL (1 s) and the retention (1 s) pass without waiting: the tenant's deadlines
+	// (holds, leases, purge times, horizons) move 3 s sooner (modeltest.Elapse).
+	_, cdb := openCheckDB(t, dbURL)
+	var tenantID int64
+	require.NoError(t, cdb.Raw("SELECT id FROM tenants WHERE name = 'default'").Row().Scan(&tenantID))
+	modeltest.Elapse(t, cdb, tenantID, 3*time.Second)
 
 	// Callers retry every key until the reapers are done: the same request must always be a
 	// duplicate of its operation, answered with its response or as its tombstone; another
@@ -154,7 +159,7 @@ func TestTombstonesSurviveKilledReapers(t *testing.T) {
 		}()
 	}
 
-	_, db := openCheckDB(t, dbURL)
+	db := cdb
 	remaining := func() (left int64) {
 		require.NoError(t, db.Model(&models.Operation{}).Count(&left).Error)
 		return left
