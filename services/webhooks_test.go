@@ -119,14 +119,18 @@ func TestParseWebhookEvents(t *testing.T) {
 // accepted URL is https, or http to a loopback host.
 func FuzzValidateWebhookURL(f *testing.F) {
 	for _, s := range []string{"https://example.com/x", "http://127.0.0.1:1/", "http://[::1]/", "http://a/", "https://u@h/",
-		"https://169.254.169.254/", "http://[::ffff:127.0.0.1]:1/", "https://[fe80::1%25eth0]/", "https://10.0.0.1/"} {
+		"https://169.254.169.254/", "http://[::ffff:127.0.0.1]:1/", "https://[fe80::1%25eth0]/", "https://10.0.0.1/",
+		"httP://127.0.0.10", "HTTP://10.0.0.1/"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, u string) {
 		if ValidateWebhookURL(u, false) != "" {
 			return
 		}
-		if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "http://") {
+		// Schemes compare case-insensitively (RFC 3986 §3.1; url.Parse lowers them, and so does
+		// every HTTP client): "httP://127.0.0.10" is http to a loopback host.
+		lower := strings.ToLower(u)
+		if !strings.HasPrefix(lower, "https://") && !strings.HasPrefix(lower, "http://") {
 			t.Fatalf("accepted %q without an http(s) scheme", u)
 		}
 		// An accepted IP literal is one the dispatcher may connect to.
