@@ -7,7 +7,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test check generate bench scale fmt e2e fuzz fuzz-corpus vuln verify screenshots
+.PHONY: run test check generate bench scale fmt e2e fuzz fuzz-corpus vuln verify screenshots ha
 
 run:
 	$(GO) run .
@@ -38,6 +38,18 @@ DURATION ?= 60s
 verify:
 	.ci/postgres.sh
 	VERIFY_DURATION=$(DURATION) $(GO) test -count=1 -timeout 0 -run . -v ./e2e/history/
+
+# The failover proof (docs/operations.md "High availability"): .ci/ha.sh starts a 3-node Patroni
+# cluster of PostgreSQL with synchronous replication and one etcd member on loopback
+# (installing Debian's patroni and etcd-server when missing), the history checker runs two
+# idemgate processes on it while the primary fails HA_FAILOVERS times (default 7: a node killed,
+# a switchover, a crash of PostgreSQL alone, in turn), and the cluster is removed again, pass or
+# fail.
+HA_FAILOVERS ?= 7
+ha:
+	.ci/ha.sh start
+	IDEMGATE_HA=1 HA_FAILOVERS=$(HA_FAILOVERS) $(GO) test -tags ha -count=1 -timeout 15m -run TestHistoryWithFailovers -v ./e2e/history/; \
+		rc=$$?; .ci/ha.sh stop; exit $$rc
 
 # Browser tests: e2e/setup.sh installs Debian's Chromium and the playwright driver when
 # missing (fast no-op otherwise), then the dashboard is driven in headless Chromium against

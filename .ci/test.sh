@@ -2,7 +2,8 @@
 # make test (and make check: `.ci/test.sh check`): every phase under a header that says how
 # long the run has taken when the phase starts, then the total, so a slow phase is plain:
 #
-#   == check: gofmt (0 s)  == vet  == staticcheck  == templ  == openapi lint  == go test -race  == e2e  == fuzz
+#   == check: gofmt (0 s)  == vet  == staticcheck  == templ  == openapi lint  == go test -race  == e2e  == ha
+#   == fuzz
 #   == govulncheck  == done in N s
 #
 # vet and staticcheck run with GOFLAGS=-race: both type-check from compiled export data, and
@@ -50,6 +51,9 @@ go test -race -vet=off -count=1 -timeout 15m ./...
 
 phase "e2e"
 make --no-print-directory e2e
+
+phase "ha: failovers on a Patroni cluster"
+make --no-print-directory ha
 
 phase "fuzz"
 # 3 s per target here (make fuzz: 10 s): with ~25 targets each paying its build and corpus

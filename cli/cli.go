@@ -153,17 +153,33 @@ func configure(env Env) (Config, *slog.Logger, error) {
 }
 
 // openDB opens the configured database and migrates it; its statements are traced to tp (nil:
-// not traced; see models.OpenOptions.TracerProvider).
+// not traced; see models.OpenOptions.TracerProvider). A migration cut off by the database
+// going away (a primary failing over between the connection and the migration:
+// docs/operations.md "High availability") is retried like the connection, within
+// cfg.StartTimeout of the start: each migration runs in its own transaction, so a retry
+// resumes where the committed ones end.
 func openDB(ctx context.Context, cfg Config, log *slog.Logger, tp trace.TracerProvider) (*models.DB, error) {
-	db, err := connect(ctx, cfg, log, tp)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := models.Migrate(ctx, db, log); err != nil {
+	start := time.Now()
+	for {
+		db, err := connect(ctx, cfg, log, tp)
+		if err != nil {
+			return nil, err
+		}
+		_, err = models.Migrate(ctx, db, log)
+		if err == nil {
+			return db, nil
+		}
 		_ = db.Close()
-		return nil, err
+		if !services.IsUnavailable(err) || ctx.Err() != nil || time.Since(start)+connectRetryDelay > cfg.StartTimeout {
+			return nil, err
+		}
+		log.Warn("database went away during migration, retrying", "err", err, "retry_in", connectRetryDelay.String())
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(connectRetryDelay):
+		}
 	}
-	return db, nil
 }
 
 // checkSQLiteDir says clearly that the SQLite file's directory is missing (or not a

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -180,6 +181,7 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 			pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 		}
 	}
+	pc.ConnConfig.OnPgError = dropDemoted(pc.ConnConfig.OnPgError)
 	if opts.TracerProvider != nil {
 		pc.ConnConfig.Tracer = pgxTracer(opts.TracerProvider)
 	}
@@ -188,6 +190,33 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}
 	return pool, nil
+}
+
+// readOnlyTransaction is SQLSTATE 25006 (read_only_sql_transaction): a write sent to a server
+// that is in recovery, i.e. a standby.
+const readOnlyTransaction = "25006"
+
+// dropDemoted wraps a connection's PostgreSQL error handler (next: pgconn's default, which
+// closes the connection on FATAL errors) so that a connection whose server refuses a write as
+// read-only is closed too, and the pool replaces it.
+//
+// Why: with a multi-host DATABASE_URL and target_session_attrs=read-write (docs/operations.md
+// "High availability") a connection is checked to be read-write only when it is made. A
+// primary that is demoted without restarting (a fenced node that rejoins as a standby while
+// our connection survives, or a pooler in between that keeps its server sessions) would then
+// keep refusing every write on that pooled connection for as long as it lived; closed, the next
+// connection is made through the host list again and lands on the new primary. The failed
+// statement itself changed nothing and is answered 503 store_unavailable (services.IsUnavailable).
+func dropDemoted(next pgconn.PgErrorHandler) pgconn.PgErrorHandler {
+	return func(c *pgconn.PgConn, pe *pgconn.PgError) bool {
+		if pe.Code == readOnlyTransaction {
+			return false
+		}
+		if next == nil {
+			return !strings.EqualFold(pe.Severity, "FATAL")
+		}
+		return next(c, pe)
+	}
 }
 
 // behindPooler reports whether connections made with cfg reach PostgreSQL through a connection

@@ -146,8 +146,11 @@ func IsUnavailable(err error) bool {
 		}
 		// 40001/40P01: serialization failure or deadlock victim; nothing was changed and the
 		// same request may succeed when retried.
+		// 25006: a write reached a standby (a primary demoted in a failover, docs/operations.md
+		// "High availability"); nothing was written, and models closes that connection so the
+		// retry reaches the new primary.
 		switch pe.Code {
-		case "57P01", "57P02", "57P03", "53300", "40001", "40P01":
+		case "57P01", "57P02", "57P03", "53300", "40001", "40P01", "25006":
 			return true
 		}
 	}

@@ -308,12 +308,23 @@ func (r *reconciliationCollector) Collect(ch chan<- prometheus.Metric) {
 
 // registerWaiters exports how many requests wait for an operation's outcome right now
 // (GET /v1/operations/{id}?wait=, docs/reference.md §8): near IDEMGATE_MAX_WAITERS, waits are
-// about to be refused with 503 too_many_waiters.
+// about to be refused with 503 too_many_waiters. It also exports whether the waiters' LISTEN
+// connection is up (docs/operations.md "High availability": alert when it stays 0).
 func registerWaiters(reg prometheus.Registerer, aw *services.Awaiter) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idemgate_waiting_requests",
 		Help: "Requests waiting for an operation to leave in_progress (GET /v1/operations/{id}?wait=) on this instance.",
 	}, func() float64 { return float64(aw.Waiting()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemgate_listen_connected",
+		Help: "1 while this instance's LISTEN connection to PostgreSQL is up, else 0 (always 0 on SQLite and with IDEMGATE_LISTEN=false). " +
+			"While 0, waits end by polling every 100 ms; after a failover it returns to 1 once the connection reaches the new primary.",
+	}, func() float64 {
+		if aw.Listening() {
+			return 1
+		}
+		return 0
+	}))
 }
 
 // lingersHelp is the help text of both series of idemgate_group_admission_lingers_total.

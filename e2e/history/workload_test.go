@@ -70,6 +70,9 @@ type workload struct {
 	// operations during the run. Set by the runs that set such policies.
 	horizons map[string]time.Duration
 	purges   bool
+	// ctx, when set, ends the run early when it is done (the failover run ends a few seconds
+	// after its last failover, whatever duration says).
+	ctx context.Context
 }
 
 // modelOptions is what the model must know of the run's server (relaxed for torn duplicates
@@ -146,7 +149,11 @@ func (r *recorder) relTime(s string) int64 {
 // run drives the clients until the duration is over and returns the history.
 func (w *workload) run(t *testing.T) (*recorder, []porcupine.Operation) {
 	rec := newRecorder()
-	ctx, cancel := context.WithTimeout(context.Background(), w.duration)
+	parent := w.ctx
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(parent, w.duration)
 	defer cancel()
 	var wg sync.WaitGroup
 	for c := 0; c < w.clients; c++ {
