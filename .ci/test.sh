@@ -2,8 +2,8 @@
 # make test (and make check: `.ci/test.sh check`): every phase under a header that says how
 # long the run has taken when the phase starts, then the total, so a slow phase is plain:
 #
-#   == check: gofmt (0 s)  == vet  == staticcheck  == templ  == openapi lint  == go test -race  == e2e  == ha
-#   == fuzz
+#   == check: gofmt (0 s)  == vet  == staticcheck  == templ  == openapi lint  == go test -race
+#   == postgres 17 and 18  == e2e  == ha  == fuzz
 #   == govulncheck  == done in N s
 #
 # vet and staticcheck run with GOFLAGS=-race: both type-check from compiled export data, and
@@ -26,6 +26,7 @@ if [ -n "$out" ]; then echo "gofmt would change:"; echo "$out"; exit 1; fi
 
 phase "vet"
 GOFLAGS="${GOFLAGS:+$GOFLAGS }-race" go vet ./...
+go vet -tags ha ./e2e/history/ # the failover proof's file, built only by make ha
 
 phase "staticcheck"
 GOFLAGS="${GOFLAGS:+$GOFLAGS }-race" go tool staticcheck ./...
@@ -48,6 +49,9 @@ phase "go test -race"
 .ci/pgbouncer.sh
 # -vet=off: the vet phase ran every analyzer go test would run (and more) on the same packages.
 go test -race -vet=off -count=1 -timeout 15m ./...
+
+phase "postgres 17 and 18: models and services"
+.ci/pgversions.sh
 
 phase "e2e"
 make --no-print-directory e2e

@@ -88,8 +88,10 @@ func failovers(t *testing.T) int {
 //     release ended is in that state on the last primary;
 //   - every acquire left without an answer is settled by its attempt_id (resolveLostAcquires),
 //     and every outcome or release left without one by reading its operation through the API;
+//   - a server started while the first failover has no primary waits for the new one and serves;
 //   - every webhook event written during the run reaches the receiver, and after the last
-//     failover both servers listen again and their reapers have passed;
+//     failover the first server listens again (the second runs with IDEMGATE_LISTEN=false,
+//     its waiters polling) and both reapers have passed;
 //   - the uncertain queue is complete: once the reapers have passed, no operation is still
 //     in_progress, and GET /v1/operations?state=uncertain lists exactly the
 //     uncertain operations of the database.
@@ -107,8 +109,11 @@ func TestHistoryWithFailovers(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(drop)
 	require.Contains(t, dbURL, "target_session_attrs=read-write")
+	// The second server runs without LISTEN (IDEMGATE_LISTEN=false: waiters poll), as on an
+	// engine or pooler without it; both must come through the failovers alike.
 	ps := startProcs(t, 2, func(i int) []string {
-		return append([]string{"DATABASE_URL=" + dbURL, "IDEMGATE_START_TIMEOUT=90s"}, groupAdmission(i)...)
+		return append([]string{"DATABASE_URL=" + dbURL, "IDEMGATE_START_TIMEOUT=90s",
+			"IDEMGATE_LISTEN=" + strconv.FormatBool(i == 0)}, groupAdmission(i)...)
 	})
 	hooks := newHookReceiver(t, dbURL) // after the first start made the tenant
 
@@ -126,6 +131,9 @@ func TestHistoryWithFailovers(t *testing.T) {
 
 	var fos []*failover
 	var faultErr error
+	// A third server starts while the first failover has no primary yet.
+	var late sync.WaitGroup
+	var lateStart error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -144,6 +152,10 @@ func TestHistoryWithFailovers(t *testing.T) {
 			switch fo.kind {
 			case "kill":
 				ha(t, "kill", fo.from)
+				if i == 0 {
+					late.Add(1)
+					go func() { defer late.Done(); lateStart = startMidFailover(t, dbURL) }()
+				}
 			case "crash":
 				ha(t, "crash", fo.from)
 			default:
@@ -182,7 +194,9 @@ func TestHistoryWithFailovers(t *testing.T) {
 	rec, history := w.run(t)
 	cancel()
 	<-done
+	late.Wait()
 	require.NoError(t, faultErr)
+	require.NoError(t, lateStart, "a server started during a failover")
 	require.Len(t, fos, n, "not every failover happened")
 	ft.requireOnlyStoreUnavailable(t)
 	require.Zero(t, ft.transportError, "a server stopped answering")
@@ -193,16 +207,32 @@ func TestHistoryWithFailovers(t *testing.T) {
 	settleUnanswered(t, w, rec)
 	checkUncertainQueue(t, dbURL, w)
 	last := fos[len(fos)-1].promoted
-	for _, p := range ps {
-		checkRecovered(t, p.URL(), last)
+	for i, p := range ps {
+		checkRecovered(t, p.URL(), last, i == 0)
 	}
 	hooks.checkDelivered(t, dbURL)
 }
 
-// checkRecovered: the server's LISTEN connection is up again (on the new primary) and its
-// reaper has completed a pass since the last failover, read from its /metrics (bounded: 30 s,
-// the listener reconnects with backoff).
-func checkRecovered(t *testing.T, base string, since time.Time) {
+// startMidFailover starts a server while the cluster has no primary (just after its leader
+// node was killed): start-up must wait for the new primary, within IDEMGATE_START_TIMEOUT,
+// rather than fail (docs/operations.md "High availability").
+func startMidFailover(t *testing.T, dbURL string) error {
+	p := newProc(t, "DATABASE_URL="+dbURL, "IDEMGATE_START_TIMEOUT=90s")
+	start := time.Now()
+	if err := p.Launch(); err != nil {
+		return err
+	}
+	if err := testkit.WaitHealthy(p.URL(), 90*time.Second, p.Exited()); err != nil {
+		return fmt.Errorf("%w; log:\n%s", err, p.Log.Tail(4000))
+	}
+	t.Logf("a server started during the first failover answered after %s", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// checkRecovered: the server's reaper has completed a pass since the last failover and, when
+// it listens, its LISTEN connection is up again (on the new primary), read from its /metrics
+// (bounded: 30 s, the listener reconnects with backoff).
+func checkRecovered(t *testing.T, base string, since time.Time, listens bool) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(base + "/metrics")
@@ -211,8 +241,9 @@ func checkRecovered(t *testing.T, base string, since time.Time) {
 		resp.Body.Close()
 		require.NoError(t, err)
 		listening := metricValue(string(raw), "idemgate_listen_connected") == 1
+		require.False(t, listening && !listens, "%s listens with IDEMGATE_LISTEN=false", base)
 		reaped := metricValue(string(raw), "idemgate_reaper_last_success_timestamp_seconds") > float64(since.Unix())
-		if listening && reaped {
+		if listening == listens && reaped {
 			return
 		}
 		require.True(t, time.Now().Before(deadline), "%s after the last failover: listening %v, reaper passed %v", base,

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -149,7 +150,29 @@ func create() (*Set, func(), error) {
 			return nil, nil, err
 		}
 	}
+	if err := checkMajor(ctx, s.Postgres); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
 	return s, cleanup, nil
+}
+
+// checkMajor makes sure that the server is the PostgreSQL major version TEST_POSTGRES_MAJOR
+// names, when it is set (.ci/pgversions.sh sets it), so a run meant for 17 or 18 that reached
+// another server fails instead of passing on the wrong one.
+func checkMajor(ctx context.Context, db *models.DB) error {
+	want := os.Getenv("TEST_POSTGRES_MAJOR")
+	if want == "" {
+		return nil
+	}
+	var num int
+	if err := db.Pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
+		return err
+	}
+	if got := strconv.Itoa(num / 10000); got != want {
+		return fmt.Errorf("TEST_POSTGRES_MAJOR=%s but %s runs PostgreSQL %s (server_version_num %d)", want, AdminURL(), got, num)
+	}
+	return nil
 }
 
 // Fresh returns a new, migrated PostgreSQL database and SQLite file that only the calling test
