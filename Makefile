@@ -47,7 +47,7 @@ verify:
 # fail.
 HA_FAILOVERS ?= 7
 ha:
-	.ci/ha.sh start
+	.ci/ha.sh start || { .ci/ha.sh stop; exit 1; }
 	IDEMGATE_HA=1 HA_FAILOVERS=$(HA_FAILOVERS) $(GO) test -tags ha -count=1 -timeout 15m -run TestHistoryWithFailovers -v ./e2e/history/; \
 		rc=$$?; .ci/ha.sh stop; exit $$rc
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real high-availability PostgreSQL cluster on loopback, for the failover proof (issue 31;
 # docs/operations.md "High availability"): one etcd member and three Patroni nodes running
-# Debian's PostgreSQL 15 with synchronous replication. Everything lives under $HA_DIR (default
-# /tmp/idemgate-ha) and listens on 127.0.0.1 only:
+# Debian's PostgreSQL (the newest major installed under /usr/lib/postgresql; 15 on Debian 12)
+# with synchronous replication. Everything lives under $HA_DIR (default /tmp/idemgate-ha) and
+# listens on 127.0.0.1 only, on fixed ports (so one cluster per machine at a time):
 #
 #   etcd        client 23790, peer 23800
 #   node1..3    PostgreSQL 25431..25433, Patroni REST API 28001..28003
@@ -37,7 +38,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HA_DIR=${HA_DIR:-/tmp/idemgate-ha}
-PGBIN=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
 ETCD_CLIENT=23790
 ETCD_PEER=23800
 NODES=(node1 node2 node3)
@@ -49,7 +49,7 @@ api_port() { echo $((28000 + ${1#node})); }
 
 install() {
   command -v patroni >/dev/null && command -v etcd >/dev/null && return
-  [ "$(id -u)" = 0 ] || die "patroni and etcd-server are not installed and we are not root: apt-get install patroni etcd-server"
+  [ "$(id -u)" = 0 ] || die "patroni and etcd-server are not installed and we are not root: apt-get install patroni etcd-server python3-etcd"
   log "installing Debian's patroni and etcd-server"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq --no-install-recommends patroni etcd-server python3-etcd >/dev/null
@@ -72,10 +72,12 @@ any_cluster_json() {
 }
 
 members() {
-  any_cluster_json | python3 -c '
+  local json
+  json=$(any_cluster_json) || return 0 # no node answers: no members
+  python3 -c '
 import json, sys
 for m in json.load(sys.stdin).get("members", []):
-    print(m["name"], m["role"], m["state"], m.get("lag", ""), m.get("timeline", ""))'
+    print(m["name"], m["role"], m["state"], m.get("lag", ""), m.get("timeline", ""))' <<<"$json"
 }
 
 leader() { members | awk '$2 == "leader" && $3 == "running" { print $1 }'; }
@@ -159,6 +161,7 @@ start_node() {
 
 start() {
   install
+  PGBIN=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
   [ -n "$PGBIN" ] && [ -x "$PGBIN/postgres" ] || die "no PostgreSQL binaries under /usr/lib/postgresql"
   if healthy 2>/dev/null; then log "already running"; return; fi
   stop_all
@@ -193,32 +196,38 @@ start() {
 # url is the cluster's DATABASE_URL: every node, and only a read-write session is accepted,
 # so a connection always lands on the current primary (pgx and libpq try the hosts in order).
 url() {
-  echo "postgres://postgres@127.0.0.1:25431,127.0.0.1:25432,127.0.0.1:25433/${1:-idemgate}?sslmode=disable&target_session_attrs=read-write"
+  local hosts="" n
+  for n in "${NODES[@]}"; do hosts+="${hosts:+,}127.0.0.1:$(pg_port "$n")"; done
+  echo "postgres://postgres@$hosts/${1:-idemgate}?sslmode=disable&target_session_attrs=read-write&connect_timeout=2"
 }
 
 crash_node() {
   local d="$HA_DIR/$1" pid
+  [ -f "$d/data/postmaster.pid" ] || die "$1: PostgreSQL is not running"
   pid=$(head -1 "$d/data/postmaster.pid")
   kill -9 "$pid" $(pgrep -P "$pid" || true)
 }
 
 kill_node() {
-  local n=$1 d="$HA_DIR/$1" pid
+  local d="$HA_DIR/$1" pid
+  # Patroni first, so it cannot restart its PostgreSQL in between. (As root, patroni.pid is
+  # runuser's pid, not Patroni's: match Patroni by its command line.)
+  pkill -9 -f -- "patroni $d/patroni.yml" 2>/dev/null || true
   [ -f "$d/patroni.pid" ] && kill -9 "$(cat "$d/patroni.pid")" 2>/dev/null || true
   if [ -f "$d/data/postmaster.pid" ]; then
     pid=$(head -1 "$d/data/postmaster.pid")
     # The postmaster and all its children at once, so no orphaned backend keeps answering.
     kill -9 "$pid" $(pgrep -P "$pid" || true) 2>/dev/null || true
   fi
-  # Anything of this node's left (a patroni helper, a walreceiver started meanwhile).
-  pkill -9 -f -- "$d/" 2>/dev/null || true
+  # Anything of this node's PostgreSQL left (a process started meanwhile).
+  pkill -9 -f -- "postgres -D $d/data" 2>/dev/null || true
 }
 
 switchover() {
   local l
   l=$(leader)
   [ -n "$l" ] || die "no leader to switch over from"
-  curl -sf --max-time 30 -XPOST "http://127.0.0.1:$(api_port "$l")/switchover" -d "{\"leader\":\"$l\"}"
+  curl -sSf --max-time 30 -XPOST "http://127.0.0.1:$(api_port "$l")/switchover" -d "{\"leader\":\"$l\"}"
   echo
 }
 

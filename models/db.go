@@ -40,6 +40,8 @@ var migrations embed.FS
 // see issue 2); SQLite ignores it. ConnectTimeout bounds each new PostgreSQL connection (dial
 // and handshake) and Open's first contact with either database (default 10s): a database that
 // accepts TCP and then sends nothing must not hold a caller, or Open itself, for the stall.
+// A connect_timeout in DatabaseURL (seconds) takes precedence for PostgreSQL's connections;
+// with several hosts it bounds the attempt at each host.
 type OpenOptions struct {
 	DatabaseURL    string
 	SQLitePath     string
@@ -161,7 +163,10 @@ func openPool(ctx context.Context, opts OpenOptions) (*pgxpool.Pool, error) {
 		pc.MaxConns = int32(opts.MaxConns)
 	}
 	pc.MaxConnIdleTime = 5 * time.Minute
-	if opts.ConnectTimeout > 0 || pc.ConnConfig.ConnectTimeout == 0 { // else connect_timeout in the URL
+	// A connect_timeout in the URL wins: with several hosts (docs/operations.md "High
+	// availability") pgx applies it to each host in turn, so an operator sets it short
+	// enough that a host which drops packets costs little before the next is tried.
+	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = opts.connectTimeout()
 	}
 	// pgx's default caches a named prepared statement per connection: the fast mode (the

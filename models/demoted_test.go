@@ -8,7 +8,9 @@ package models_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -48,4 +50,22 @@ func TestPoolDropsConnectionToDemotedServer(t *testing.T) {
 	var n int
 	require.NoError(t, c.QueryRow(ctx, "SELECT count(*) FROM demoted").Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// TestURLConnectTimeoutWins: a connect_timeout in DATABASE_URL bounds each host's connection
+// attempt even when the caller passes a ConnectTimeout (serve passes IDEMGATE_STORE_TIMEOUT):
+// with several hosts, pgx tries them in turn within it, so an operator's short value keeps a
+// host that drops packets from costing the whole store timeout of every new connection.
+// Before, the caller's value replaced the URL's.
+func TestURLConnectTimeoutWins(t *testing.T) {
+	ctx := context.Background()
+	dbURL := freshDB(t)
+	db, err := models.Open(ctx, models.OpenOptions{DatabaseURL: dbURL + "&connect_timeout=2", ConnectTimeout: 7 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.Equal(t, 2*time.Second, db.Pool.Config().ConnConfig.ConnectTimeout)
+	db2, err := models.Open(ctx, models.OpenOptions{DatabaseURL: dbURL, ConnectTimeout: 7 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db2.Close() })
+	require.Equal(t, 7*time.Second, db2.Pool.Config().ConnConfig.ConnectTimeout, "without one in the URL, the caller's")
 }

@@ -294,30 +294,50 @@ func (a *Awaiter) poll(ctx context.Context) {
 	}
 }
 
-// listen holds the one LISTEN connection, reconnecting with backoff; each notification wakes
-// the waiters of the operation it names. A failure is logged once until the connection works
-// again; meanwhile polling alone answers.
+// listen holds the one LISTEN connection, reconnecting with backoff (listenBackoff); each
+// notification wakes the waiters of the operation it names. A failure is logged once until the
+// connection works again; meanwhile polling alone answers.
 func (a *Awaiter) listen(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	warned := false
+	var b listenBackoff
 	for ctx.Err() == nil {
 		err := a.listenOnce(ctx)
-		a.listening.Store(false)
+		wasUp := a.listening.Swap(false)
 		if ctx.Err() != nil {
 			return
 		}
-		if !warned {
+		delay, warn := b.next(wasUp)
+		if warn {
 			a.log.Warn("cannot LISTEN for operation changes; waiting requests rely on polling",
 				"err", err, "poll", a.cfg.Poll.String())
-			warned = true
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(delay):
 		}
-		backoff = min(backoff*2, 30*time.Second)
 	}
+}
+
+// listenBackoff paces the LISTEN connection's reconnects: 100 ms after the first failure,
+// doubling up to 30 s while the connection keeps failing, and back to 100 ms once it has been
+// up. Without the reset, every lost connection in a process's life added to the next wait, so
+// from about the second failover on (docs/operations.md "High availability") the listener
+// took up to 30 s to reach the new primary.
+type listenBackoff struct {
+	delay  time.Duration // the wait before the next attempt; 0 before any failure
+	warned bool          // this outage was logged
+}
+
+// next is the wait after an attempt that ended (wasUp: after the connection had been up) and
+// whether to log it: once per outage.
+func (b *listenBackoff) next(wasUp bool) (delay time.Duration, warn bool) {
+	if wasUp || b.delay == 0 {
+		b.delay, b.warned = 100*time.Millisecond, false
+	} else {
+		b.delay = min(b.delay*2, 30*time.Second)
+	}
+	warn, b.warned = !b.warned, true
+	return b.delay, warn
 }
 
 func (a *Awaiter) listenOnce(ctx context.Context) error {

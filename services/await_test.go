@@ -268,3 +268,31 @@ func TestListenBehindTransactionPoolerIsLogged(t *testing.T) {
 		}
 	})
 }
+
+// TestListenBackoffResetsAfterConnection: the LISTEN connection's reconnects back off while it
+// keeps failing, and start again from 100 ms once it has been up, logging once per outage.
+// Before the reset, a process that had lost its connection a few times waited up to 30 s to
+// listen again after the next failover.
+func TestListenBackoffResetsAfterConnection(t *testing.T) {
+	var b listenBackoff
+	type step struct {
+		wasUp bool
+		delay time.Duration
+		warn  bool
+	}
+	ms := time.Millisecond
+	for i, s := range []step{
+		{false, 100 * ms, true}, {false, 200 * ms, false}, {false, 400 * ms, false}, // an outage at start
+		{true, 100 * ms, true}, {false, 200 * ms, false}, // up, then lost again: a new outage
+		{true, 100 * ms, true}, {true, 100 * ms, true}, // lost at once after each connection
+	} {
+		delay, warn := b.next(s.wasUp)
+		require.Equal(t, s.delay, delay, "step %d", i)
+		require.Equal(t, s.warn, warn, "step %d", i)
+	}
+	for range 20 {
+		b.next(false)
+	}
+	delay, _ := b.next(false)
+	require.Equal(t, 30*time.Second, delay, "the ceiling")
+}
