@@ -1,0 +1,286 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/idemgate/idemgate/web/client/fibermw"
+	"github.com/idemgate/idemgate/web/internal/servertest"
+	"github.com/idemgate/idemgate/web/proxy"
+	"github.com/stretchr/testify/require"
+)
+
+var dbs *modeltest.Set
+
+func TestMain(m *testing.M) { os.Exit(modeltest.Run(m, &dbs)) }
+
+// startUpstream runs testdata/upstream.mjs under Node.js (a service not written in Go, that
+// counts its side effects) and returns its base URL. Node.js is required: the test fails, never
+// skips, without it.
+func startUpstream(t *testing.T) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	require.NoError(t, err, "the proxy's tests need Node.js (apt-get install nodejs)")
+	cmd := exec.Command(node, "testdata/upstream.mjs")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	port, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the upstream did not print its port")
+	return "http://127.0.0.1:" + strings.TrimSpace(port)
+}
+
+// startProxy serves a proxy for upstream through srv's idemgate until the test ends.
+func startProxy(t *testing.T, srv *servertest.Server, cfg proxy.Config) string {
+	t.Helper()
+	cfg.Client = servertest.NewClient(t, srv)
+	app, err := proxy.New(cfg)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = app.Listener(ln) }()
+	t.Cleanup(func() { _ = app.ShutdownWithTimeout(5 * time.Second) })
+	return "http://" + ln.Addr().String()
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   map[string]any
+}
+
+func send(t *testing.T, hc *http.Client, method, url, key, body string, headers ...string) answer {
+	t.Helper()
+	a, err := trySend(context.Background(), hc, method, url, key, body, headers...)
+	require.NoError(t, err)
+	return a
+}
+
+func trySend(ctx context.Context, hc *http.Client, method, url, key, body string, headers ...string) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, err
+	}
+	var m map[string]any
+	_ = json.Unmarshal(raw, &m)
+	return answer{resp.StatusCode, resp.Header, m}, nil
+}
+
+func effects(t *testing.T, upstream string) map[string]int {
+	t.Helper()
+	resp, err := http.Get(upstream + "/effects")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var m map[string]int
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&m))
+	return m
+}
+
+// TestProxySemantics walks the rules of docs/reference.md "The proxy" one by one against the
+// Node.js upstream: first request forwarded once, repeat replayed, other request 422, required
+// route 400, pass-through untouched, an answer lost after the effect uncertain and never
+// forwarded again, a refused connection released, a no-effect 5xx released, keys scoped per
+// caller.
+func TestProxySemantics(t *testing.T) {
+	servertest.Each(t, dbs.All(), func(t *testing.T, srv *servertest.Server) {
+		upstream := startUpstream(t)
+		p := startProxy(t, srv, proxy.Config{Upstream: upstream, RequireKey: []string{"/charges/required"}, TTL: time.Hour,
+			CallerHeader: "Authorization", NoEffect5xx: []int{503}, UpstreamTimeout: 5 * time.Second,
+			ReplayHeaders: append([]string{"X-Charge-Version"}, fibermw.DefaultReplayHeaders...)})
+		hc := servertest.OwnTransport(t)
+
+		first := send(t, hc, "POST", p+"/charges/a", "k-1", `{"amount": 100}`)
+		require.Equal(t, 201, first.status, "%v", first.body)
+		again := send(t, hc, "POST", p+"/charges/a", "k-1", `{ "amount" : 100 }`) // the same JSON, spelled otherwise
+		require.Equal(t, 201, again.status)
+		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		require.Equal(t, first.body["charge"], again.body["charge"], "the first response, replayed")
+		require.Equal(t, "1", again.header.Get("X-Charge-Version"), "an allow-listed header is replayed")
+
+		other := send(t, hc, "POST", p+"/charges/a", "k-1", `{"amount": 200}`)
+		require.Equal(t, 422, other.status)
+		require.Equal(t, "fingerprint_mismatch", other.body["code"])
+
+		missing := send(t, hc, "POST", p+"/charges/required", "", `{}`)
+		require.Equal(t, 400, missing.status)
+		require.Equal(t, "idempotency_key_missing", missing.body["code"])
+		unguarded := send(t, hc, "POST", p+"/charges/free", "", `{}`) // no key, route does not require one
+		require.Equal(t, 201, unguarded.status)
+		echo := send(t, hc, "GET", p+"/echo?x=1", "", "")
+		require.Equal(t, 200, echo.status)
+		require.Equal(t, "/echo?x=1", echo.body["url"])
+
+		lost := send(t, hc, "POST", p+"/charges/b?drop=1", "k-lost", `{}`)
+		require.Equal(t, 502, lost.status)
+		require.Equal(t, proxy.CodeUpstreamAnswerLost, lost.body["code"])
+		for range 3 {
+			r := send(t, hc, "POST", p+"/charges/b?drop=1", "k-lost", `{}`)
+			require.Equal(t, 409, r.status)
+			require.Equal(t, "outcome_uncertain", r.body["code"])
+		}
+
+		// After the TTL an uncertain key is admitted again, and the warning reaches the upstream.
+		warn := send(t, hc, "POST", p+"/charges/w", "k-warn", `{}`, "X-Drop", "1")
+		require.Equal(t, proxy.CodeUpstreamAnswerLost, warn.body["code"])
+		srv.Elapse(t, 2*time.Hour, "POST /charges/w|k-warn")
+		warn = send(t, hc, "POST", p+"/charges/w", "k-warn", `{}`, "Idempotency-Previous-State", "spoofed")
+		require.Equal(t, 201, warn.status, "admitted again after the TTL: %v", warn.body)
+		require.Equal(t, "uncertain", warn.body["previous_state"], "the warning reached the upstream")
+		require.NotEmpty(t, warn.body["previous"])
+		require.Equal(t, "2", warn.body["fencing"])
+		warn = send(t, hc, "POST", p+"/charges/w2", "k-warn2", `{}`, "Idempotency-Previous-State", "spoofed",
+			"Idempotency-Fencing-Token", "99")
+		require.Nil(t, warn.body["previous_state"], "a client's own Idempotency-Previous-State never reaches the upstream")
+		require.Equal(t, "1", warn.body["fencing"])
+
+		shed := send(t, hc, "POST", p+"/refuse", "k-shed", `{}`)
+		require.Equal(t, 503, shed.status, "the upstream's own answer passes")
+		shed = send(t, hc, "POST", p+"/refuse", "k-shed", `{}`)
+		require.Equal(t, 503, shed.status, "no effect: forwarded again, not replayed")
+		require.Empty(t, shed.header.Get("Idempotent-Replayed"))
+
+		alice := send(t, hc, "POST", p+"/charges/c", "same", `{}`, "Authorization", "Bearer alice")
+		bob := send(t, hc, "POST", p+"/charges/c", "same", `{}`, "Authorization", "Bearer bob")
+		require.Equal(t, 201, alice.status)
+		require.Equal(t, 201, bob.status)
+		require.Empty(t, bob.header.Get("Idempotent-Replayed"), "two callers' same key are two keys")
+
+		e := effects(t, upstream)
+		require.Equal(t, 1, e["k-1"])
+		require.Equal(t, 1, e["k-lost"], "the lost answer's effect happened once and was never repeated")
+		require.Equal(t, 2, e["same"], "once per caller")
+	})
+}
+
+// TestProxyUnreachableUpstreamReleases: when the upstream refuses the connection the request
+// was never sent, so the key is released and the retry is forwarded once the upstream is up.
+func TestProxyUnreachableUpstreamReleases(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	p := startProxy(t, srv, proxy.Config{Upstream: "http://" + addr})
+	hc := servertest.OwnTransport(t)
+	r := send(t, hc, "POST", p+"/charges/x", "k-down", `{}`)
+	require.Equal(t, 502, r.status)
+	require.Equal(t, proxy.CodeUpstreamUnreachable, r.body["code"])
+	r = send(t, hc, "POST", p+"/charges/x", "k-down", `{}`)
+	require.Equal(t, proxy.CodeUpstreamUnreachable, r.body["code"], "released: forwarded (and refused) again, not 409")
+}
+
+// TestProxyChaos: 32 clients retry with backoff through the proxy in front of the Node.js
+// upstream, each with its own keys; one forwarded request in ten loses its answer after the
+// effect (the upstream drops the connection), and clients give up on one attempt in five
+// after a few milliseconds (a dropped client connection). Every client ends each key with the
+// first answer (a 201, or its replay) or an explicit unknown (502 upstream_answer_lost, 409
+// outcome_uncertain). Asserts: no key's effect ever ran twice, every key answered 201 ran
+// exactly once and every 201 of a key carries the same charge.
+func TestProxyChaos(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t)
+	p := startProxy(t, srv, proxy.Config{Upstream: upstream, UpstreamTimeout: 5 * time.Second})
+	const clients, keysEach = 32, 8
+	type result struct {
+		charges map[string]bool // charge ids of 2xx answers
+		unknown bool
+	}
+	var mu sync.Mutex
+	results := map[string]*result{}
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(c)))
+			hc := servertest.OwnTransport(t)
+			for k := range keysEach {
+				key := fmt.Sprintf("chaos-%d-%d", c, k)
+				path := "/charges/" + key
+				if rng.Intn(10) == 0 {
+					path += "?drop=1"
+				}
+				res := &result{charges: map[string]bool{}}
+				for attempt := 0; ; attempt++ {
+					require.Less(t, attempt, 200, "key %s never settled", key)
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					if rng.Intn(5) == 0 {
+						ctx, cancel = context.WithTimeout(context.Background(), time.Duration(1+rng.Intn(15))*time.Millisecond)
+					}
+					a, err := trySend(ctx, hc, "POST", p+path, key, `{"amount": 1}`)
+					cancel()
+					if err != nil { // our own dropped connection: retry
+						time.Sleep(time.Duration(5+rng.Intn(20)) * time.Millisecond)
+						continue
+					}
+					if a.status == 201 {
+						res.charges[a.body["charge"].(string)] = true
+						if a.header.Get("Idempotent-Replayed") == "" || rng.Intn(2) == 0 {
+							break // the first answer, or a replay of it
+						}
+						continue // ask once more: a replay must say the same
+					}
+					if a.status == 502 && a.body["code"] == proxy.CodeUpstreamAnswerLost ||
+						a.status == 409 && a.body["code"] == "outcome_uncertain" {
+						res.unknown = true
+						break
+					}
+					require.True(t, a.status == 409 && a.body["code"] == "request_in_progress",
+						"key %s: unexpected answer %d %v", key, a.status, a.body)
+					time.Sleep(time.Duration(10+rng.Intn(40)) * time.Millisecond)
+				}
+				mu.Lock()
+				results[key] = res
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	e := effects(t, upstream)
+	var answered, unknown int
+	for key, r := range results {
+		require.LessOrEqual(t, e[key], 1, "key %s ran its effect %d times", key, e[key])
+		require.LessOrEqual(t, len(r.charges), 1, "key %s answered with different charges %v", key, r.charges)
+		if len(r.charges) == 1 {
+			answered++
+			require.Equal(t, 1, e[key], "key %s answered 201 but its effect count is %d", key, e[key])
+		} else {
+			require.True(t, r.unknown, "key %s ended with neither an answer nor an explicit unknown", key)
+			unknown++
+		}
+	}
+	require.Len(t, results, clients*keysEach)
+	require.NotZero(t, unknown, "no answer was lost: the chaos did not happen")
+	t.Logf("%d keys: %d answered 201 (effect once), %d explicitly unknown; 0 effects twice", len(results), answered, unknown)
+}

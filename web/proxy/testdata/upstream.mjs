@@ -1,0 +1,67 @@
+// A small upstream service for the proxy's tests, in Node.js with its standard library only:
+// it counts its side effects per Idempotency-Key, so a test can prove each happened at most once.
+//
+//   node upstream.mjs            listens on 127.0.0.1 on a free port and prints it on stdout
+//
+//   POST|PATCH /charges/...  one side effect: effects[key] += 1, then after 0-20 ms answers
+//                            201 {"key", "effect": n, "charge": "ch_<random>", "fencing",
+//                            "previous", "previous_state"} (the last three from the
+//                            proxy's Idempotency-* request headers). With
+//                            ?drop=1 or the header X-Drop: 1 it counts the effect and then destroys the connection
+//                            without answering (an answer lost after the effect). With
+//                            ?status=N it answers N instead, after counting.
+//   POST /refuse             answers 503 without counting anything (a service shedding load)
+//   GET  /effects            {"<key>": n, ...}
+//   GET  /echo               200 with the request's method, url and headers (pass-through)
+import http from 'node:http';
+import crypto from 'node:crypto';
+
+const effects = new Map();
+
+const server = http.createServer((req, res) => {
+  const url = new URL(req.url, 'http://upstream');
+  let body = '';
+  req.on('data', (chunk) => { body += chunk; });
+  req.on('end', () => {
+    if (req.method === 'GET' && url.pathname === '/effects') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(Object.fromEntries(effects)));
+      return;
+    }
+    if (req.method === 'GET' && url.pathname === '/echo') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ method: req.method, url: req.url, headers: req.headers }));
+      return;
+    }
+    if (url.pathname === '/refuse') {
+      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1' });
+      res.end('{"error":"busy, nothing done"}');
+      return;
+    }
+    if ((req.method === 'POST' || req.method === 'PATCH') && url.pathname.startsWith('/charges')) {
+      const key = req.headers['idempotency-key'] || '(none)';
+      const n = (effects.get(key) || 0) + 1;
+      effects.set(key, n);
+      if (url.searchParams.get('drop') === '1' || req.headers['x-drop'] === '1') {
+        req.socket.destroy();
+        return;
+      }
+      const status = Number(url.searchParams.get('status') || 201);
+      setTimeout(() => {
+        res.writeHead(status, { 'content-type': 'application/json', 'x-charge-version': '1' });
+        res.end(JSON.stringify({ key, effect: n, charge: 'ch_' + crypto.randomBytes(8).toString('hex'), body,
+          fencing: req.headers['idempotency-fencing-token'] || null,
+          previous: req.headers['idempotency-previous-operation'] || null,
+          previous_state: req.headers['idempotency-previous-state'] || null }));
+      }, Math.floor(Math.random() * 20));
+      return;
+    }
+    res.writeHead(404, { 'content-type': 'application/json' });
+    res.end('{"error":"not found"}');
+  });
+});
+
+server.keepAliveTimeout = 60_000;
+server.listen(0, '127.0.0.1', () => {
+  console.log(server.address().port);
+});
