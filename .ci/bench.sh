@@ -7,8 +7,8 @@
 # slot's acquires per statement, statement latency, occupancy and lingering, other keys' rate
 # and p99 alone, beside GET /healthz, beside new keys and beside a storm (in turns, medians),
 # batches of 100 against single acquires (keys/s), group admission on (default) against off,
-# lingering off (default), on and auto, and SQLite's new-key and hot-key rates against
-# PostgreSQL's. Every run begins with a CHECKPOINT (see rate). Env passed through to
+# lingering off (default), on and auto, SQLite's new-key and hot-key rates against
+# PostgreSQL's, and idemgate proxy against the upstream alone (new keys and replays). Every run begins with a CHECKPOINT (see rate). Env passed through to
 # compare.sh: CONNS, SECONDS_EACH, REPEATS.
 set -euo pipefail
 export PGOPTIONS=--client-min-messages=warning # no NOTICEs from DROP DATABASE IF EXISTS
@@ -183,6 +183,33 @@ for mode in new hot; do
   echo "$mode $l $p" | awk '{printf "%-9s %12d %12d %9.2f %9.2f %7.2f\n", $1, $2, $5, $3, $6, ($5>0)?$2/$5:0}'
 done
 
+# idemgate proxy (docs/reference.md §12) against the upstream alone: the Node.js service of the
+# proxy's tests, new keys (every request forwarded and its outcome recorded) and replays (every
+# request answered from idemgate, the upstream not asked), 16 connections, in turns (upstream,
+# proxy) REPEATS times, medians.
+echo "== idemgate proxy against the upstream alone (Node.js, web/proxy/testdata/upstream.mjs), 16 connections, medians"
+command -v node >/dev/null || { echo "bench.sh: the proxy rows need Node.js" >&2; exit 2; }
+node web/proxy/testdata/upstream.mjs >"$tmp/upstream.port" 2>"$tmp/upstream.log" & pids="$pids $!"
+for _ in $(seq 50); do [ -s "$tmp/upstream.port" ] && break; sleep 0.1; done
+up="http://127.0.0.1:$(head -1 "$tmp/upstream.port")"
+pp=$(freeport)
+IDEMGATE_API_KEY=$key "$tmp/idemgate" proxy --listen 127.0.0.1:$pp --upstream "$up" --idemgate "http://127.0.0.1:$port" \
+  >"$tmp/proxy.log" 2>&1 & pids="$pids $!"
+for _ in $(seq 50); do curl -s -o /dev/null "127.0.0.1:$pp/" && break; sleep 0.1; done
+printf '%-8s %11s %9s %11s %9s %7s %7s\n' load upstream/s proxy/s up_p99_ms p99_ms rate p99
+: >"$tmp/proxyrows"
+for mode in new replay; do
+  r=0; [ $mode = replay ] && r=1
+  : >"$tmp/pu"; : >"$tmp/pp"
+  for _ in $(seq ${REPEATS:-3}); do
+    rate "$up" 16 .ci/proxy.lua REPLAY=$r >>"$tmp/pu"
+    rate "http://127.0.0.1:$pp" 16 .ci/proxy.lua REPLAY=$r >>"$tmp/pp"
+  done
+  ur=$(cut -d' ' -f1 "$tmp/pu" | med); u99=$(cut -d' ' -f2 "$tmp/pu" | med)
+  pr=$(cut -d' ' -f1 "$tmp/pp" | med); p99=$(cut -d' ' -f2 "$tmp/pp" | med)
+  echo "$mode $ur $pr $u99 $p99" | tee -a "$tmp/proxyrows" | awk '{printf "%-8s %11d %9d %11.2f %9.2f %7.2f %7.2f\n", $1, $2, $3, $4, $5, ($2>0)?$3/$2:0, ($4>0)?$5/$4:0}'
+done
+
 # The hot path's goals, each a ratio within this run (compare.sh rows: conns idemgate/s floor/s
 # idem_p99 floor_p99 ratio non2xx).
 echo "== summary (ratios measured above, same run)"
@@ -191,3 +218,4 @@ join <(grep "^[0-9]" "$tmp/cmp-new") "$tmp/turns" | awk '$1 ~ /^[0-9]+$/ {
     $1, ($3>0)?$2/$3:0, ($5>0)?$4/$5:0, ($8>0)?$9/$8:0, ($10>0)?$11/$10:0 }'
 awk '{printf "16  conns: other keys beside a one-key storm: p99 %.2fx their p99 alone (%.2f -> %.2f ms), %.2fx beside the same connections of GET /healthz (%.2f ms; /healthz itself: %.2fx alone), %.2fx beside the same load of new keys (%.2f ms), medians\n", ($2>0)?$8/$2:0, $2, $8, ($4>0)?$8/$4:0, $4, ($2>0)?$4/$2:0, ($6>0)?$8/$6:0, $6}' "$tmp/beside"
 awk '{printf "lingering, auto vs off: %s at %s conns %.2fx (on: %.2fx)\n", $1, $2, ($3>0)?$5/$3:0, ($3>0)?$4/$3:0}' "$tmp/linger"
+awk '{printf "proxy, %s: %.2fx the upstream alone'"'"'s rate, p99 %.2fx (%.2f -> %.2f ms)\n", $1, ($2>0)?$3/$2:0, ($4>0)?$5/$4:0, $4, $5}' "$tmp/proxyrows"

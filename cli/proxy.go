@@ -28,10 +28,10 @@ const proxyShutdownTimeout = 30 * time.Second
 // comes only from IDEMGATE_API_KEY, so it never shows in a process list.
 func proxyCmd(env Env) *cobra.Command {
 	var (
-		listen, upstream, idemgateURL, callerHeader string
-		methods, requireKey, replayHeaders          []string
-		noEffect                                    []int
-		ttl, lease, wait, timeout                   time.Duration
+		listen, upstream, idemgateURL, callerHeader, docURL string
+		methods, requireKey, replayHeaders                  []string
+		noEffect                                            []int
+		ttl, lease, wait, timeout                           time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy --listen ADDR --upstream URL --idemgate URL",
@@ -62,7 +62,7 @@ func proxyCmd(env Env) *cobra.Command {
 			}
 			app, err := proxy.New(proxy.Config{Upstream: upstream, Client: idem, Methods: methods, RequireKey: requireKey,
 				CallerHeader: callerHeader, ReplayHeaders: replayHeaders, TTL: ttl, Lease: lease, Wait: wait,
-				NoEffect5xx: noEffect, UpstreamTimeout: timeout, Logger: log})
+				NoEffect5xx: noEffect, UpstreamTimeout: timeout, DocumentationURL: docURL, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -94,6 +94,7 @@ func proxyCmd(env Env) *cobra.Command {
 	f.StringSliceVar(&requireKey, "require-key", nil, "path prefixes whose guarded requests must carry a key (else 400)")
 	f.StringVar(&callerHeader, "caller-header", "", "scope keys by a hash of this request header too, e.g. Authorization")
 	f.StringSliceVar(&replayHeaders, "replay-header", nil, "response headers replayed with a repeat (default Content-Type, Location, ETag, …)")
+	f.StringVar(&docURL, "doc-url", "", "the page documenting your idempotency rules, linked from the proxy's own errors")
 	f.IntSliceVar(&noEffect, "no-effect-5xx", nil, "upstream 5xx statuses meaning nothing was done (key released), e.g. 503")
 	f.DurationVar(&ttl, "ttl", 24*time.Hour, "how long a key is held (whole seconds)")
 	f.DurationVar(&lease, "lease", 0, "renewed lease while the upstream works (0: the TTL)")

@@ -77,6 +77,9 @@ type Config struct {
 	// answer, besides the body and status. Default fibermw.DefaultReplayHeaders (Content-Type,
 	// Location, ETag, …; never Set-Cookie).
 	ReplayHeaders []string
+	// DocumentationURL is fibermw's: the page documenting the service's idempotency rules,
+	// linked from every answer of the proxy's own (Link rel="describedby").
+	DocumentationURL string
 	// TTL, Lease and Wait are fibermw's (Config.TTL default 24 h; Lease 0: the TTL; Wait 0:
 	// a repeat in flight gets 409 at once).
 	TTL, Lease, Wait time.Duration
@@ -133,7 +136,7 @@ func New(cfg Config) (*fiber.App, error) {
 		}})
 	app.Use(fibermw.New(fibermw.Config{
 		Client: cfg.Client, Methods: cfg.Methods, TTL: cfg.TTL, Lease: cfg.Lease, Wait: cfg.Wait, Logger: cfg.Logger,
-		ReplayHeaders: cfg.ReplayHeaders,
+		ReplayHeaders: cfg.ReplayHeaders, DocumentationURL: cfg.DocumentationURL,
 		Required: func(c *fiber.Ctx) bool {
 			for _, p := range cfg.RequireKey {
 				if strings.HasPrefix(c.Path(), p) {

@@ -9,6 +9,7 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -283,4 +284,28 @@ func TestProxyChaos(t *testing.T) {
 	require.Len(t, results, clients*keysEach)
 	require.NotZero(t, unknown, "no answer was lost: the chaos did not happen")
 	t.Logf("%d keys: %d answered 201 (effect once), %d explicitly unknown; 0 effects twice", len(results), answered, unknown)
+}
+
+// TestProxyWaitReplays: with Config.Wait a repeat that arrives while the first request is at
+// the upstream waits for its outcome and gets its response replayed, instead of 409; the
+// upstream runs once.
+func TestProxyWaitReplays(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t)
+	p := startProxy(t, srv, proxy.Config{Upstream: upstream, Wait: 10 * time.Second})
+	hc := servertest.OwnTransport(t)
+	first := make(chan answer, 1)
+	go func() { first <- send(t, hc, "POST", p+"/orders?delay_ms=800", "k-wait", `{}`) }()
+	// Until idemgate holds the key, the first request has not been admitted yet.
+	require.Eventually(t, func() bool {
+		k := send(t, hc, "GET", srv.URL+"/v1/keys/"+url.PathEscape("POST /orders|k-wait"), "", "",
+			"Authorization", "Bearer "+srv.APIKey)
+		return k.status == 200 && k.body["held"] == true
+	}, 10*time.Second, 10*time.Millisecond)
+	again := send(t, hc, "POST", p+"/orders?delay_ms=800", "k-wait", `{}`)
+	a := <-first
+	require.Equal(t, 201, a.status)
+	require.Equal(t, 201, again.status, "%v", again.body)
+	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	require.Equal(t, a.body["id"], again.body["id"], "the first response, replayed after waiting")
 }

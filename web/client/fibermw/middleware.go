@@ -135,6 +135,12 @@ type Config struct {
 	// Respond writes the middleware's own answers. Default WriteProblem (problem+json).
 	Respond func(c *fiber.Ctx, p *Problem) error
 
+	// DocumentationURL, when set, is the page that documents the service's idempotency rules
+	// (keys, expiry): every answer of the middleware itself links to it with
+	// Link: <DocumentationURL>; rel="describedby", as the IETF draft asks of its 400 and 422
+	// answers (draft-ietf-httpapi-idempotency-key-header-07 §2.7).
+	DocumentationURL string
+
 	// Logger receives failures to talk to idemgate. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -205,6 +211,14 @@ func New(cfg Config) fiber.Handler {
 	}
 	if cfg.Respond == nil {
 		cfg.Respond = WriteProblem
+	}
+	if doc := cfg.DocumentationURL; doc != "" {
+		respond := cfg.Respond
+		link := "<" + doc + `>; rel="describedby"`
+		cfg.Respond = func(c *fiber.Ctx, p *Problem) error {
+			c.Append(fiber.HeaderLink, link)
+			return respond(c, p)
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -10,6 +10,7 @@
 //                            ?drop=1 or the header X-Drop: 1 it counts the effect and then destroys the connection
 //                            without answering (an answer lost after the effect). With
 //                            ?status=N it answers N instead, after counting.
+//   POST /orders             the conformance suite's service (e2e/conformance/README.md)
 //   POST /refuse             answers 503 without counting anything (a service shedding load)
 //   GET  /effects            {"<key>": n, ...}
 //   GET  /echo               200 with the request's method, url and headers (pass-through)
@@ -31,6 +32,16 @@ const server = http.createServer((req, res) => {
     if (req.method === 'GET' && url.pathname === '/echo') {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ method: req.method, url: req.url, headers: req.headers }));
+      return;
+    }
+    // The service the conformance suite (e2e/conformance) expects: POST /orders answers 201
+    // with an id unique per execution, after ?delay_ms, or ?status instead of 201.
+    if (req.method === 'POST' && url.pathname === '/orders') {
+      const status = Number(url.searchParams.get('status') || 201);
+      setTimeout(() => {
+        res.writeHead(status, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ id: crypto.randomUUID() }));
+      }, Number(url.searchParams.get('delay_ms') || 0));
       return;
     }
     if (url.pathname === '/refuse') {
