@@ -18,9 +18,11 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// proxyShutdownTimeout bounds the wait for requests in flight when the proxy stops: each one's
-// outcome must still be recorded at idemgate.
-const proxyShutdownTimeout = 30 * time.Second
+// proxyOutcomeMargin is added to --upstream-timeout to bound the wait for requests in flight
+// when the proxy stops: each one may take the whole upstream timeout, and its outcome must
+// still be recorded at idemgate (fibermw's WriteTimeout, 10 s). A shorter bound cut requests
+// off after their effect, unrecorded, and their keys answered 409 until the TTL.
+const proxyOutcomeMargin = 15 * time.Second
 
 // proxyCmd is `idemgate proxy`: the Idempotency-Key reverse proxy of web/proxy
 // (docs/reference.md "The proxy"). Every flag can also come from the environment variable
@@ -81,7 +83,7 @@ func proxyCmd(env Env) *cobra.Command {
 			case <-ctx.Done():
 			}
 			log.Info("proxy stopping: finishing requests in flight")
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), proxyShutdownTimeout)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+proxyOutcomeMargin)
 			defer cancel()
 			return app.ShutdownWithContext(sctx)
 		},

@@ -47,6 +47,8 @@ func TestProxyCommandRefusesIncompleteConfiguration(t *testing.T) {
 			map[string]string{"IDEMGATE_API_KEY": "idg_x"}, "want an absolute http"},
 		{[]string{"--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1", "--idemgate", "http://127.0.0.1:2",
 			"--ttl", "1500ms"}, map[string]string{"IDEMGATE_API_KEY": "idg_x"}, "whole seconds"},
+		{[]string{"--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1", "--idemgate", "http://127.0.0.1:2",
+			"--ttl", "20s"}, map[string]string{"IDEMGATE_API_KEY": "idg_x"}, "more than the upstream timeout"},
 	} {
 		var out bytes.Buffer
 		err := Execute(t.Context(), append([]string{"proxy"}, tc.args...),

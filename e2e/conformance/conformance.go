@@ -153,7 +153,11 @@ func runCase(ctx context.Context, base string, hc *http.Client, c Case) Result {
 		case s.Request != nil && s.Async:
 			ch := make(chan answer, 1)
 			pending[s.Save] = ch
-			go func(r Request) { ch <- send(ctx, base, hc, r, keys) }(*s.Request)
+			r := *s.Request
+			if r.Key != "" {
+				r.Key = keyValue(r.Key, keys) // here: keys is this goroutine's alone
+			}
+			go func() { ch <- send(ctx, base, hc, r, nil) }()
 			continue
 		case s.Request != nil:
 			a = send(ctx, base, hc, *s.Request, keys)
@@ -208,7 +212,8 @@ func send(ctx context.Context, base string, hc *http.Client, r Request, keys map
 }
 
 // keyValue resolves a Request.Key: "$kN" is a fresh random key of this case run (the same
-// within it), "$kN:sf" that key as a Structured Field String; anything else is sent as is.
+// within it), "$kN:sf" that key as a Structured Field String; anything else (a key resolved
+// already: keys may then be nil) is sent as is.
 func keyValue(spec string, keys map[string]string) string {
 	name, sf := strings.CutSuffix(spec, ":sf")
 	if !strings.HasPrefix(name, "$k") {

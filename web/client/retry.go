@@ -86,6 +86,13 @@ func (p RetryPolicy) backoff() backoff.BackOff {
 	return b
 }
 
+// Temporary reports whether err, returned by a call of this client, is a failure that a later
+// call may get past: no complete answer (a refused or reset connection, a timeout) or a 429,
+// 502, 503 or 504 answer. The client retries such failures itself within RetryPolicy; a
+// caller that must not give up so soon (fibermw's outcome write, which would otherwise leave
+// its key in progress until the TTL) calls again while this holds.
+func Temporary(err error) bool { return err != nil && retryable(context.Background(), err) }
+
 // retryable reports whether a failed try may be retried. ctx is the call's context: once it
 // is done nothing is retried.
 func retryable(ctx context.Context, err error) bool {

@@ -29,12 +29,16 @@
 package proxy
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -42,10 +46,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	fiberproxy "github.com/gofiber/fiber/v2/middleware/proxy"
 	"github.com/idemgate/idemgate/web/client"
 	"github.com/idemgate/idemgate/web/client/fibermw"
-	"github.com/valyala/fasthttp"
 )
 
 // Problem codes of the proxy's own answers, besides fibermw's (fibermw.Code…).
@@ -53,9 +55,13 @@ const (
 	// CodeUpstreamUnreachable (502): the upstream could not be connected to, so the request
 	// was not sent; the key is released and a retry is forwarded again.
 	CodeUpstreamUnreachable = "upstream_unreachable"
-	// CodeUpstreamAnswerLost (502): the request was sent but no answer came (timeout, reset):
-	// the upstream may have acted, so the operation is uncertain.
+	// CodeUpstreamAnswerLost (502): the request was sent but no whole answer came (timeout,
+	// reset, an answer over MaxResponseBytes): the upstream may have acted, so the operation is
+	// uncertain.
 	CodeUpstreamAnswerLost = "upstream_answer_lost"
+	// CodeRequestInvalid (400, 408, 413, 431): the request could not be read or forwarded
+	// (malformed, too slow, too large); nothing reached the upstream.
+	CodeRequestInvalid = "request_invalid"
 )
 
 // Config configures a proxy. Upstream and Client are required.
@@ -96,7 +102,8 @@ type Config struct {
 
 // New returns the proxy as a Fiber app, to serve with app.Listener or app.Listen.
 // Errors: an Upstream that is not an absolute http(s) URL, a nil Client, a status in
-// NoEffect5xx outside 500–599, a negative duration, a TTL or Lease that is not whole seconds.
+// NoEffect5xx outside 500–599, a negative duration, a TTL or Lease that is not whole seconds,
+// a TTL not longer than UpstreamTimeout.
 func New(cfg Config) (*fiber.App, error) {
 	u, err := url.Parse(cfg.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -120,26 +127,42 @@ func New(cfg Config) (*fiber.App, error) {
 	if cfg.UpstreamTimeout <= 0 {
 		cfg.UpstreamTimeout = 30 * time.Second
 	}
+	if cfg.TTL != 0 && cfg.TTL <= cfg.UpstreamTimeout {
+		// A hold that ends while its request is still at the upstream lets a repeat in.
+		return nil, fmt.Errorf("ttl %s: want more than the upstream timeout (%s)", cfg.TTL, cfg.UpstreamTimeout)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &handler{upstream: strings.TrimSuffix(u.String(), "/"), noEffect: noEffect, timeout: cfg.UpstreamTimeout,
-		// A POST or PATCH is never sent twice by the proxy itself: fasthttp retries only
-		// idempotent methods, and one attempt is all it gets anyway.
-		client: &fasthttp.Client{MaxIdemponentCallAttempts: 1, NoDefaultUserAgentHeader: true,
-			DisablePathNormalizing: true, ReadTimeout: cfg.UpstreamTimeout, WriteTimeout: cfg.UpstreamTimeout}}
-	app := fiber.New(fiber.Config{DisableStartupMessage: true, BodyLimit: 16 << 20, ReadTimeout: cfg.UpstreamTimeout,
-		// The upstream's own error pages pass through; only the proxy's answers are its own.
+	h := &handler{upstream: u, noEffect: noEffect, timeout: cfg.UpstreamTimeout, client: &http.Client{
+		// No redirects followed (the caller gets them, and they are replayed), no proxy from
+		// the environment, and the body passed on as sent: no Accept-Encoding of our own and no
+		// decompression.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 256,
+			IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext},
+	}}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true, BodyLimit: MaxRequestBytes,
+		ReadTimeout: cfg.UpstreamTimeout,
+		// Only Fiber's own refusals of a request it could not read (413 too large, 431, 400
+		// malformed, 408 too slow) come here: forward answers its failures itself. None of them
+		// reached the upstream.
 		ErrorHandler: func(c *fiber.Ctx, err error) error {
-			return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Gateway",
-				Status: fiber.StatusBadGateway, Code: CodeUpstreamAnswerLost, Detail: err.Error()})
+			status := fiber.StatusBadRequest
+			var fe *fiber.Error
+			if errors.As(err, &fe) && fe.Code >= 400 && fe.Code < 500 {
+				status = fe.Code
+			}
+			return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: http.StatusText(status),
+				Status: status, Code: CodeRequestInvalid,
+				Detail: "The request could not be read, so it was not forwarded: " + http.StatusText(status) + "."})
 		}})
 	app.Use(fibermw.New(fibermw.Config{
 		Client: cfg.Client, Methods: cfg.Methods, TTL: cfg.TTL, Lease: cfg.Lease, Wait: cfg.Wait, Logger: cfg.Logger,
 		ReplayHeaders: cfg.ReplayHeaders, DocumentationURL: cfg.DocumentationURL,
 		Required: func(c *fiber.Ctx) bool {
 			for _, p := range cfg.RequireKey {
-				if strings.HasPrefix(c.Path(), p) {
+				if strings.HasPrefix(requestPath(c), p) {
 					return true
 				}
 			}
@@ -154,7 +177,7 @@ func New(cfg Config) (*fiber.App, error) {
 // scope is a request's key scope at idemgate: method and path, and the caller's hash when
 // header is set and the request carries it ("POST /v1/charges caller=3f2a…").
 func scope(c *fiber.Ctx, header string) string {
-	s := c.Method() + " " + c.Path()
+	s := c.Method() + " " + requestPath(c)
 	if v := c.Get(header); header != "" && v != "" { // without the header: the anonymous caller
 		sum := sha256.Sum256([]byte(v))
 		s += " caller=" + hex.EncodeToString(sum[:8])
@@ -162,20 +185,52 @@ func scope(c *fiber.Ctx, header string) string {
 	return s
 }
 
+// requestPath is the request's path normalized as fasthttp does (percent-decoded, dot
+// segments resolved, repeated slashes collapsed; RFC 3986 §6.2.2), the path fibermw
+// fingerprints. The key scope, --require-key and the path forwarded are all this one, so two
+// spellings of one path (/a, /./a, /b/../a, //a) are one key and one resource upstream; Fiber's
+// c.Path() is the path as sent, and with it one key on three spellings ran three times.
+func requestPath(c *fiber.Ctx) string { return string(c.Request().URI().Path()) }
+
 type handler struct {
-	upstream string
+	upstream *url.URL
 	noEffect map[int]bool
 	timeout  time.Duration
-	client   *fasthttp.Client
+	client   *http.Client
 }
+
+// MaxRequestBytes and MaxResponseBytes bound the bodies the proxy buffers (docs/reference.md
+// §12 "Limits"). A larger request is refused with 413 before anything is forwarded; a larger
+// response is answered 502 upstream_answer_lost and left uncertain, since the upstream acted.
+const (
+	MaxRequestBytes  = 16 << 20
+	MaxResponseBytes = 32 << 20
+)
 
 // forward sends the request to the upstream and leaves its response on c for fibermw to
 // record. A request that never left (the upstream refused the connection, or the dial timed
-// out) is no effect: 502 upstream_unreachable, key released. One that left and got no answer is
-// 502 upstream_answer_lost, uncertain. A 5xx listed in Config.NoEffect5xx is no effect.
+// out) is no effect: 502 upstream_unreachable, key released. One that left and got no whole
+// answer is 502 upstream_answer_lost, uncertain. A 5xx listed in Config.NoEffect5xx is no
+// effect. Nothing of the upstream's answer is written to c until all of it has arrived, so a
+// lost answer never mixes the upstream's headers into the proxy's problem.
 func (h *handler) forward(c *fiber.Ctx) error {
-	passAdmission(c)
-	err := fiberproxy.DoTimeout(c, h.upstream+c.OriginalURL(), h.timeout, h.client)
+	target := *h.upstream
+	target.Path = strings.TrimSuffix(h.upstream.Path, "/") + requestPath(c)
+	target.RawPath = ""
+	target.RawQuery = string(c.Request().URI().QueryString())
+	ctx, cancel := context.WithTimeout(c.UserContext(), h.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, c.Method(), target.String(), bytes.NewReader(c.Request().Body()))
+	if err != nil {
+		fibermw.NoEffect(c)
+		return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Request",
+			Status: fiber.StatusBadRequest, Code: CodeRequestInvalid, Detail: "The request's path cannot be forwarded."})
+	}
+	// net/http resends a request whose connection failed when it has a body it can rewind and
+	// an Idempotency-Key: never here, where a resend is a second effect.
+	req.GetBody = nil
+	copyRequestHeaders(c, req)
+	resp, err := h.client.Do(req)
 	if err != nil {
 		if notSent(err) {
 			fibermw.NoEffect(c)
@@ -183,14 +238,82 @@ func (h *handler) forward(c *fiber.Ctx) error {
 				Status: fiber.StatusBadGateway, Code: CodeUpstreamUnreachable,
 				Detail: "The upstream could not be reached; the request was not sent. Retry with the same key."})
 		}
-		return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Gateway",
-			Status: fiber.StatusBadGateway, Code: CodeUpstreamAnswerLost,
-			Detail: "The request was sent but its answer was lost; the upstream may have acted. Its outcome is unknown until reconciled."})
+		return answerLost(c)
 	}
-	if h.noEffect[c.Response().StatusCode()] {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	if err != nil || len(body) > MaxResponseBytes {
+		return answerLost(c)
+	}
+	c.Status(resp.StatusCode)
+	for name, vs := range resp.Header {
+		if hopByHop(name) {
+			continue
+		}
+		for _, v := range vs {
+			c.Response().Header.Add(name, v)
+		}
+	}
+	if resp.Header.Get("Content-Type") == "" {
+		c.Response().Header.SetNoDefaultContentType(true)
+	}
+	c.Response().SetBodyRaw(body)
+	if h.noEffect[resp.StatusCode] {
 		fibermw.NoEffect(c)
 	}
 	return nil
+}
+
+func answerLost(c *fiber.Ctx) error {
+	return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Gateway",
+		Status: fiber.StatusBadGateway, Code: CodeUpstreamAnswerLost,
+		Detail: "The request was sent but its answer was lost; the upstream may have acted. Its outcome is unknown until reconciled."})
+}
+
+// copyRequestHeaders passes the client's request headers to the upstream, but for hop-by-hop
+// ones and the proxy's own Idempotency-* admission headers in any spelling (passAdmission sets
+// those), and adds X-Forwarded-For, -Host and -Proto.
+func copyRequestHeaders(c *fiber.Ctx, req *http.Request) {
+	c.Request().Header.VisitAll(func(k, v []byte) {
+		name := string(k)
+		if hopByHop(name) || admissionHeader(name) || strings.EqualFold(name, "Host") ||
+			strings.EqualFold(name, "Content-Length") {
+			return
+		}
+		// Under a non-canonical map key, so that net/http does not take the request for a
+		// replayable one (see forward); HTTP header names are case-insensitive on the wire.
+		if strings.EqualFold(name, "Idempotency-Key") || strings.EqualFold(name, "X-Idempotency-Key") {
+			req.Header[strings.ToLower(name)] = append(req.Header[strings.ToLower(name)], string(v))
+			return
+		}
+		req.Header.Add(name, string(v))
+	})
+	req.Header.Set("X-Forwarded-For", c.IP())
+	req.Header.Set("X-Forwarded-Host", c.Hostname())
+	req.Header.Set("X-Forwarded-Proto", c.Protocol())
+	passAdmission(c, req.Header)
+}
+
+// hopByHop reports the headers of one connection (RFC 9110 §7.6.1), never forwarded.
+func hopByHop(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te",
+		"Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// admissionHeader reports whether name is one of the proxy's Idempotency-* admission headers,
+// also spelled with underscores (some servers, CGI and WSGI among them, read "_" as "-").
+func admissionHeader(name string) bool {
+	n := strings.ReplaceAll(name, "_", "-")
+	for _, h := range admissionHeaders {
+		if strings.EqualFold(n, h) {
+			return true
+		}
+	}
+	return false
 }
 
 // Request headers the proxy sets for the upstream on an admitted request (docs/reference.md
@@ -209,15 +332,13 @@ const (
 	HeaderPreviousReceipt   = "Idempotency-Previous-Receipt"
 )
 
+var admissionHeaders = []string{HeaderOperation, HeaderFencingToken, HeaderPreviousOperation, HeaderPreviousState,
+	HeaderPreviousReceipt}
+
 // passAdmission tells the upstream what idemgate decided: the warning of a previous attempt
 // that did not end cleanly must reach the code that performs the effect, or the proxy would
 // lose it (fibermw hands it to Go handlers as Info.PreviousOperation).
-func passAdmission(c *fiber.Ctx) {
-	h := &c.Request().Header
-	for _, name := range []string{HeaderOperation, HeaderFencingToken, HeaderPreviousOperation, HeaderPreviousState,
-		HeaderPreviousReceipt} {
-		h.Del(name)
-	}
+func passAdmission(c *fiber.Ctx, h http.Header) {
 	info, ok := fibermw.FromContext(c)
 	if !ok {
 		return
@@ -238,7 +359,7 @@ func passAdmission(c *fiber.Ctx) {
 // waiting for the answer, a connection closed before the first byte) may come after the
 // upstream read the request.
 func notSent(err error) bool {
-	if errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, syscall.ECONNREFUSED) {
+	if errors.Is(err, syscall.ECONNREFUSED) {
 		return true
 	}
 	var op *net.OpError

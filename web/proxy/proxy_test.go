@@ -9,6 +9,7 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -308,4 +309,75 @@ func TestProxyWaitReplays(t *testing.T) {
 	require.Equal(t, 201, again.status, "%v", again.body)
 	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
 	require.Equal(t, a.body["id"], again.body["id"], "the first response, replayed after waiting")
+}
+
+// TestProxyEdges: what a hostile client or a misbehaving upstream tried (each was a finding
+// against the first version, which forwarded with fasthttp):
+//   - a 103 Early Hints before the answer was taken for the answer, and the answer left on the
+//     connection was handed to the next request, another key's;
+//   - an answer cut after its headers came back as a 502 carrying the upstream's Set-Cookie;
+//   - a request line "POST @host:port/…" reached another server (upstream + raw target);
+//   - Idempotency_Previous_State (underscores) reached the upstream, which CGI/WSGI servers
+//     read as Idempotency-Previous-State;
+//   - one key on /charges/a, /charges/./a and //charges/a ran the effect three times;
+//   - a body over the limit was answered 502 upstream_answer_lost instead of 413.
+func TestProxyEdges(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t)
+	p := startProxy(t, srv, proxy.Config{Upstream: upstream, UpstreamTimeout: 5 * time.Second})
+	hc := servertest.OwnTransport(t)
+
+	early := send(t, hc, "POST", p+"/charges/early?early=1", "k-early", `{}`)
+	require.Equal(t, 201, early.status, "the final answer, not the 103: %v", early.body)
+	require.Equal(t, "k-early", early.body["key"])
+	next := send(t, hc, "POST", p+"/charges/next", "k-next", `{}`)
+	require.Equal(t, "k-next", next.body["key"], "the next request gets its own answer")
+	again := send(t, hc, "POST", p+"/charges/early?early=1", "k-early", `{}`)
+	require.Equal(t, early.body["charge"], again.body["charge"])
+
+	half := send(t, hc, "POST", p+"/charges/half?halfway=1", "k-half", `{}`)
+	require.Equal(t, 502, half.status)
+	require.Equal(t, proxy.CodeUpstreamAnswerLost, half.body["code"])
+	require.Empty(t, half.header.Get("Set-Cookie"), "none of the cut answer's headers")
+
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("a request reached another server: %s %s", r.Method, r.URL)
+	}))
+	t.Cleanup(other.Close)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST @%s/charges/x HTTP/1.1\r\nHost: proxy\r\nIdempotency-Key: k-at\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+		strings.TrimPrefix(other.URL, "http://"))
+	require.NoError(t, err)
+	_, _ = io.ReadAll(conn)
+
+	echo := send(t, hc, "GET", p+"/echo", "", "", "Idempotency_Previous_State", "uncertain",
+		"Idempotency_Fencing_Token", "999")
+	for name := range echo.body["headers"].(map[string]any) {
+		n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+		require.False(t, strings.HasPrefix(n, "idempotency-previous") || n == "idempotency-fencing-token",
+			"the client's %s reached the upstream", name)
+	}
+
+	for _, path := range []string{"/charges/dot/a", "/charges/dot/./a", "/charges/dot/b/../a", "//charges/dot/a"} {
+		r := send(t, hc, "POST", p+path, "k-dot", `{}`)
+		require.Equal(t, 201, r.status, "%s: %v", path, r.body)
+	}
+	require.Equal(t, 1, effects(t, upstream)["k-dot"], "one key on one path, however spelled")
+
+	// The announced length is refused before the body is read (a client writing the body
+	// would meet a closed connection: the answer is read here over a raw connection).
+	conn2, err := net.Dial("tcp", strings.TrimPrefix(p, "http://"))
+	require.NoError(t, err)
+	defer conn2.Close()
+	_, err = fmt.Fprintf(conn2, "POST /charges/big HTTP/1.1\r\nHost: proxy\r\nIdempotency-Key: k-big\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", proxy.MaxRequestBytes+1)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn2), nil)
+	require.NoError(t, err)
+	raw, _ := io.ReadAll(resp.Body)
+	require.Equal(t, 413, resp.StatusCode, "%s", raw)
+	require.Contains(t, string(raw), proxy.CodeRequestInvalid)
+	require.Zero(t, effects(t, upstream)["k-big"])
 }

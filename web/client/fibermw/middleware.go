@@ -84,7 +84,8 @@ type Config struct {
 	FingerprintHeaders []string
 
 	// Fingerprint, if set, replaces the default fingerprint (SHA-256 of method, path, sorted
-	// query, media type, FingerprintHeaders and the RFC 8785-canonical JSON or raw body). At
+	// query, media type, FingerprintHeaders and the RFC 8785-canonical JSON or raw body, as
+	// sent: Content-Encoding is not decoded). At
 	// most 256 characters.
 	Fingerprint func(c *fiber.Ctx) string
 
@@ -456,6 +457,18 @@ func (m *middleware) record(c *fiber.Ctx, info *Info, status string, release boo
 		req.Response = json.RawMessage(resp)
 	}
 	_, err := m.cfg.Client.RecordOutcome(ctx, info.OperationID, req)
+	// The client gives up after its RetryPolicy's few tries (about half a second); an outcome
+	// not recorded leaves the key in progress until the TTL (24 h by default), every retry
+	// answered 409. So a short idemgate outage (a restart, a failover) is waited out for the
+	// whole WriteTimeout. An outcome write is owner-checked and the same one again changes
+	// nothing, so calling again is safe.
+	for wait := 250 * time.Millisecond; client.Temporary(err) && ctx.Err() == nil; wait = min(2*wait, 2*time.Second) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			_, err = m.cfg.Client.RecordOutcome(ctx, info.OperationID, req)
+		}
+	}
 	if errors.Is(err, client.ErrPayloadTooLarge) && resp != nil {
 		// Not expected (encodeResponse stays under the limit), but an outcome without its
 		// response beats none.
@@ -499,7 +512,7 @@ func (m *middleware) fingerprint(c *fiber.Ctx) string {
 	}
 	r := request{Method: c.Method(), Path: string(c.Request().URI().Path()),
 		RawQuery: string(c.Request().URI().QueryString()), ContentType: string(c.Request().Header.ContentType()),
-		Body: c.Body()}
+		Body: c.Request().Body()} // as sent: never decoded by Content-Encoding (TestFingerprintIsOfTheBodyAsSent)
 	for _, h := range m.cfg.FingerprintHeaders {
 		for _, v := range c.Request().Header.PeekAll(h) {
 			r.Headers = append(r.Headers, [2]string{strings.ToLower(h), string(v)})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/web/client"
 	"github.com/idemgate/idemgate/web/client/fibermw"
 	"github.com/idemgate/idemgate/web/internal/servertest"
@@ -527,4 +528,50 @@ func TestScopes(t *testing.T) {
 	other := newClient(t, &servertest.Server{URL: srv.URL, APIKey: srv.NewAPIKey(t)})
 	_, err = other.GetKey(ctx, "POST /a|"+key)
 	require.True(t, errors.Is(err, client.ErrNotFound))
+}
+
+// TestFingerprintIsOfTheBodyAsSent: the fingerprint hashes the request body as it arrived,
+// never decoded by Content-Encoding. Fiber's c.Body() decodes it: with an encoding it does not
+// know every body read as empty, and two different bodies under one key were answered with
+// the first one's response instead of 422; with gzip it decompressed whatever it was sent (a
+// 509 KB body became 512 MiB in memory).
+func TestFingerprintIsOfTheBodyAsSent(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	app := newApp()
+	app.Post("/upload", fibermw.New(fibermw.Config{Client: newClient(t, srv)}), func(c *fiber.Ctx) error {
+		return c.SendStatus(fiber.StatusCreated)
+	})
+	base := serve(t, app)
+	ctx := testCtx(t)
+	first := send(t, ctx, "POST", base+"/upload", "abcd", "Idempotency-Key", "enc-1", "Content-Encoding", "aa, bb")
+	require.Equal(t, 201, first.Status)
+	other := send(t, ctx, "POST", base+"/upload", "abcdefgh", "Idempotency-Key", "enc-1", "Content-Encoding", "aa, bb")
+	require.Equal(t, 422, other.Status, "another body under the same key")
+	same := send(t, ctx, "POST", base+"/upload", "abcd", "Idempotency-Key", "enc-1", "Content-Encoding", "aa, bb")
+	require.True(t, same.replayed())
+}
+
+// TestOutcomeWaitsOutShortOutage: idemgate is unreachable for 1.5 s just as the handler ends.
+// The outcome is recorded once it is back (within WriteTimeout), so a retry gets the response
+// replayed. Before, the client's own retries gave up after about half a second and the key
+// stayed in progress until its TTL (24 h by default): every retry answered 409.
+func TestOutcomeWaitsOutShortOutage(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	px := testkit.NewProxy(t, strings.TrimPrefix(srv.URL, "http://"))
+	idem, err := client.New("http://"+px.Addr(), srv.APIKey, client.WithHTTPClient(servertest.OwnTransport(t)))
+	require.NoError(t, err)
+	app := newApp()
+	app.Post("/charge", fibermw.New(fibermw.Config{Client: idem}), func(c *fiber.Ctx) error {
+		px.SetDown(true) // idemgate goes away while the effect happens
+		time.AfterFunc(1500*time.Millisecond, func() { px.SetDown(false) })
+		return c.Status(fiber.StatusCreated).JSON(fiber.Map{"charge": uuid.NewString()})
+	})
+	base := serve(t, app)
+	ctx := testCtx(t)
+	first := send(t, ctx, "POST", base+"/charge", chargeBody, "Idempotency-Key", "outage-1")
+	require.Equal(t, 201, first.Status)
+	again := send(t, ctx, "POST", base+"/charge", chargeBody, "Idempotency-Key", "outage-1")
+	require.Equal(t, 201, again.Status, "%s", again.Body)
+	require.True(t, again.replayed())
+	require.Equal(t, first.Body, again.Body)
 }

@@ -7,7 +7,9 @@
 //                            201 {"key", "effect": n, "charge": "ch_<random>", "fencing",
 //                            "previous", "previous_state"} (the last three from the
 //                            proxy's Idempotency-* request headers). With
-//                            ?drop=1 or the header X-Drop: 1 it counts the effect and then destroys the connection
+//                            ?early=1 it sends a 103 Early Hints first; with ?halfway=1
+//                            it sends the headers and part of the body, then cuts the
+//                            connection; with ?drop=1 or the header X-Drop: 1 it counts the effect and then destroys the connection
 //                            without answering (an answer lost after the effect). With
 //                            ?status=N it answers N instead, after counting.
 //   POST /orders             the conformance suite's service (e2e/conformance/README.md)
@@ -53,6 +55,16 @@ const server = http.createServer((req, res) => {
       const key = req.headers['idempotency-key'] || '(none)';
       const n = (effects.get(key) || 0) + 1;
       effects.set(key, n);
+      if (url.searchParams.get('early') === '1') {
+        res.writeEarlyHints({ link: '</style.css>; rel=preload; as=style' }); // a 103 before the answer
+      }
+      if (url.searchParams.get('halfway') === '1') {
+        // Headers and part of the body, then the connection is cut: an answer lost midway.
+        res.writeHead(201, { 'content-type': 'application/json', 'set-cookie': 'session=upstream' });
+        res.write('{"partial":');
+        setTimeout(() => req.socket.destroy(), 10);
+        return;
+      }
       if (url.searchParams.get('drop') === '1' || req.headers['x-drop'] === '1') {
         req.socket.destroy();
         return;
