@@ -72,9 +72,10 @@ type Config struct {
 	Client *client.Client
 	// Methods are the guarded methods. Default POST and PATCH.
 	Methods []string
-	// RequireKey lists path prefixes ("/v1/charges") whose guarded requests must carry
-	// Idempotency-Key: without one they get 400 idempotency_key_missing. Elsewhere a guarded
-	// request without a key is forwarded unguarded.
+	// RequireKey lists path prefixes ("/v1/charges", whole segments: not "/v1/charges-old")
+	// whose guarded requests must carry Idempotency-Key: without one they get 400
+	// idempotency_key_missing. Elsewhere a guarded request without a key is forwarded
+	// unguarded.
 	RequireKey []string
 	// CallerHeader, when set (e.g. "Authorization"), scopes keys by the SHA-256 of that
 	// request header's value as well, so two callers' equal keys are two keys.
@@ -161,12 +162,7 @@ func New(cfg Config) (*fiber.App, error) {
 		Client: cfg.Client, Methods: cfg.Methods, TTL: cfg.TTL, Lease: cfg.Lease, Wait: cfg.Wait, Logger: cfg.Logger,
 		ReplayHeaders: cfg.ReplayHeaders, DocumentationURL: cfg.DocumentationURL,
 		Required: func(c *fiber.Ctx) bool {
-			for _, p := range cfg.RequireKey {
-				if strings.HasPrefix(requestPath(c), p) {
-					return true
-				}
-			}
-			return false
+			return underAny(requestPath(c), cfg.RequireKey)
 		},
 		Scope: func(c *fiber.Ctx) string { return scope(c, cfg.CallerHeader) },
 	}))
@@ -183,6 +179,18 @@ func scope(c *fiber.Ctx, header string) string {
 		s += " caller=" + hex.EncodeToString(sum[:8])
 	}
 	return s
+}
+
+// underAny reports whether path is one of prefixes or below one, by whole segments:
+// "/orders" covers "/orders" and "/orders/7", not "/orders-archive".
+func underAny(path string, prefixes []string) bool {
+	for _, p := range prefixes {
+		p = strings.TrimSuffix(p, "/")
+		if p == "" || path == p || strings.HasPrefix(path, p+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // requestPath is the request's path normalized as fasthttp does (percent-decoded, dot
