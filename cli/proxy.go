@@ -62,6 +62,16 @@ func proxyCmd(env Env) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--idemgate: %w", err)
 			}
+			// A wrong API key would otherwise show only as 503s at the first requests.
+			cctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			_, err = idem.ListKeys(cctx, client.ListKeysOptions{Limit: 1})
+			cancel()
+			switch {
+			case errors.Is(err, client.ErrUnauthorized):
+				return fmt.Errorf("IDEMGATE_API_KEY is not accepted by idemgate at %s", idemgateURL)
+			case err != nil: // idemgate may come later; until then requests get 503
+				log.Warn("idemgate cannot be asked yet; keyed requests get 503 until it can", "idemgate", idemgateURL, "err", err)
+			}
 			app, err := proxy.New(proxy.Config{Upstream: upstream, Client: idem, Methods: methods, RequireKey: requireKey,
 				CallerHeader: callerHeader, ReplayHeaders: replayHeaders, TTL: ttl, Lease: lease, Wait: wait,
 				NoEffect5xx: noEffect, UpstreamTimeout: timeout, DocumentationURL: docURL, Logger: log})

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -76,4 +78,21 @@ func FuzzProxyFlagsFromEnvironment(f *testing.F) {
 			require.NotPanics(t, func() { _ = fl.Value.String() })
 		})
 	})
+}
+
+// TestProxyRefusesAnAPIKeyIdemgateRejects: the proxy asks idemgate once at start; a key it
+// answers 401 for stops the proxy with a clear message, instead of 503s at every request.
+func TestProxyRefusesAnAPIKeyIdemgateRejects(t *testing.T) {
+	idem := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"type":"about:blank","title":"Unauthorized","status":401,"code":"unauthorized"}`))
+	}))
+	t.Cleanup(idem.Close)
+	var out bytes.Buffer
+	err := Execute(t.Context(), []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1",
+		"--idemgate", idem.URL}, Env{Getenv: func(k string) string {
+		return map[string]string{"IDEMGATE_API_KEY": "idg_wrong"}[k]
+	}, Stdin: strings.NewReader(""), Stdout: &out, Stderr: &out})
+	require.ErrorContains(t, err, "IDEMGATE_API_KEY is not accepted")
 }

@@ -382,10 +382,26 @@ func (m *middleware) duplicate(c *fiber.Ctx, op *client.Operation) error {
 	if op.Outcome != nil && op.State == client.StateSucceeded {
 		stored, body, ok = decodeResponse(op.Outcome.Response)
 	}
-	if !ok || stored.BodyOmitted {
-		p := newProblem(http.StatusConflict, CodeResponseUnavailable,
-			"A request with this key has ended, but its response cannot be replayed; use a new key for a new request.")
+	// A 5xx is only ever stored with an uncertain outcome (New: "a 5xx response … is recorded
+	// uncertain"). Found under a succeeded state, it is what the client got before an operator
+	// reconciled the operation, not the response of the effect the operator confirmed: replayed,
+	// it told the client "outcome unknown" with Idempotent-Replayed: true.
+	reconciled := ok && stored.Status >= 500
+	if !ok || stored.BodyOmitted || reconciled {
+		detail := "A request with this key has ended, but its response cannot be replayed; use a new key for a new request."
+		switch {
+		case reconciled:
+			detail = "An operator confirmed that the request with this key succeeded, but its response was never received; " +
+				"it cannot be replayed. Do not run it again."
+		case op.State == client.StateFailed:
+			detail = "The request with this key was recorded failed without its key being released; use a new key, " +
+				"or have an operator release this key so that it may run again."
+		}
+		p := newProblem(http.StatusConflict, CodeResponseUnavailable, detail)
 		p.OriginalStatus = stored.Status
+		if reconciled {
+			p.OriginalStatus = 0
+		}
 		return m.cfg.Respond(c, p)
 	}
 	c.Status(stored.Status)

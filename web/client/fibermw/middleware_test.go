@@ -2,6 +2,7 @@ package fibermw_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -574,4 +575,41 @@ func TestOutcomeWaitsOutShortOutage(t *testing.T) {
 	require.Equal(t, 201, again.Status, "%s", again.Body)
 	require.True(t, again.replayed())
 	require.Equal(t, first.Body, again.Body)
+}
+
+// TestReconciledLostAnswerIsNotReplayed: a handler answers 500 (recorded uncertain, with that
+// 500 stored); an operator then confirms the effect happened (reconciled succeeded). A retry
+// gets 409 response_unavailable saying so. Before, it got the stored 500 replayed with
+// Idempotent-Replayed: true, which still said the outcome was unknown.
+func TestReconciledLostAnswerIsNotReplayed(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	app := newApp()
+	app.Post("/charge", fibermw.New(fibermw.Config{Client: newClient(t, srv)}), func(c *fiber.Ctx) error {
+		return c.Status(fiber.StatusInternalServerError).JSON(fiber.Map{"error": "the provider timed out"})
+	})
+	base := serve(t, app)
+	ctx := testCtx(t)
+	first := send(t, ctx, "POST", base+"/charge", chargeBody, "Idempotency-Key", "recon-1")
+	require.Equal(t, 500, first.Status)
+
+	auth := "Bearer " + srv.APIKey
+	queue := send(t, ctx, "GET", srv.URL+"/v1/operations?state=uncertain", "", "Authorization", auth)
+	var list struct {
+		Items []struct{ ID string } `json:"items"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(queue.Body), &list))
+	require.Len(t, list.Items, 1)
+	id := list.Items[0].ID
+	job := send(t, ctx, "POST", srv.URL+"/v1/reconciliations", `{"job_id":"recon-job-1","status":"succeeded",
+		"note":"charged at the provider: ch_1","operation_ids":["`+id+`"]}`, "Authorization", auth)
+	require.Less(t, job.Status, 300, "%s", job.Body)
+	require.Eventually(t, func() bool {
+		op := send(t, ctx, "GET", srv.URL+"/v1/operations/"+id, "", "Authorization", auth)
+		return strings.Contains(op.Body, `"state":"succeeded"`)
+	}, 10*time.Second, 20*time.Millisecond)
+
+	again := send(t, ctx, "POST", base+"/charge", chargeBody, "Idempotency-Key", "recon-1")
+	require.Equal(t, 409, again.Status, "%s", again.Body)
+	require.Equal(t, fibermw.CodeResponseUnavailable, again.Problem.Code)
+	require.False(t, again.replayed())
 }
