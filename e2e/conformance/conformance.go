@@ -18,6 +18,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -49,11 +50,14 @@ type Case struct {
 type Step struct {
 	Request *Request `json:"request,omitempty"`
 	Async   bool     `json:"async,omitempty"`
-	// AfterMS waits this many milliseconds before sending (to let an async step arrive first).
-	AfterMS int    `json:"after_ms,omitempty"`
-	Await   string `json:"await,omitempty"`
-	Save    string `json:"save,omitempty"`
-	Expect  Expect `json:"expect"`
+	// AfterStarted names an async step: this step is sent only once that step's request has
+	// started executing at the service (GET /orders/started counts past its value when the
+	// async step was sent; README.md "The service under test"), so it is sure to be a retry
+	// while the original is in progress, not a race for admission.
+	AfterStarted string `json:"after_started,omitempty"`
+	Await        string `json:"await,omitempty"`
+	Save         string `json:"save,omitempty"`
+	Expect       Expect `json:"expect"`
 }
 
 // Request is an HTTP request relative to the base URL. Key is the Idempotency-Key header:
@@ -129,13 +133,17 @@ func runCase(ctx context.Context, base string, hc *http.Client, c Case) Result {
 	keys := map[string]string{}
 	saved := map[string]answer{}
 	pending := map[string]chan answer{}
+	startedAt := map[string]int64{} // GET /orders/started when each async step was sent
 	fail := func(i int, format string, args ...any) {
 		res.Pass = false
 		res.Problems = append(res.Problems, fmt.Sprintf("step %d: ", i+1)+fmt.Sprintf(format, args...))
 	}
 	for i, s := range c.Steps {
-		if s.AfterMS > 0 {
-			time.Sleep(time.Duration(s.AfterMS) * time.Millisecond)
+		if s.AfterStarted != "" {
+			if err := waitStarted(ctx, base, hc, startedAt[s.AfterStarted]); err != nil {
+				fail(i, "%v", err)
+				continue
+			}
 		}
 		var a answer
 		switch {
@@ -151,6 +159,12 @@ func runCase(ctx context.Context, base string, hc *http.Client, c Case) Result {
 				saved[s.Await] = a // under the async step's name, for later same_as
 			}
 		case s.Request != nil && s.Async:
+			n, err := started(ctx, base, hc)
+			if err != nil {
+				fail(i, "%v", err)
+				continue
+			}
+			startedAt[s.Save] = n
 			ch := make(chan answer, 1)
 			pending[s.Save] = ch
 			r := *s.Request
@@ -180,6 +194,40 @@ func runCase(ctx context.Context, base string, hc *http.Client, c Case) Result {
 		<-ch
 	}
 	return res
+}
+
+// started reads GET {base}/orders/started: how many POST /orders executions the service has
+// begun.
+func started(ctx context.Context, base string, hc *http.Client) (int64, error) {
+	a := send(ctx, base, hc, Request{Method: http.MethodGet, Path: "/orders/started"}, nil)
+	if a.err != nil {
+		return 0, fmt.Errorf("GET /orders/started: %w", a.err)
+	}
+	var n int64
+	if a.status != http.StatusOK || json.Unmarshal(a.body, &n) != nil {
+		return 0, fmt.Errorf("GET /orders/started answered %d %.100s, want 200 and a number", a.status, a.body)
+	}
+	return n, nil
+}
+
+// waitStarted polls GET /orders/started (every 10 ms, for up to 10 s) until it passes before.
+func waitStarted(ctx context.Context, base string, hc *http.Client, before int64) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for {
+		n, err := started(ctx, base, hc)
+		if err != nil || n > before {
+			return err
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			return fmt.Errorf("the async request did not start within 10 s (GET /orders/started stays %d)", n)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func send(ctx context.Context, base string, hc *http.Client, r Request, keys map[string]string) answer {
@@ -234,7 +282,7 @@ func keyValue(spec string, keys map[string]string) string {
 
 func check(e Expect, a answer, saved map[string]answer) []string {
 	var out []string
-	if len(e.Status) > 0 && !contains(e.Status, a.status) {
+	if len(e.Status) > 0 && !slices.Contains(e.Status, a.status) {
 		out = append(out, fmt.Sprintf("status %d, want one of %v (body %.200s)", a.status, e.Status, a.body))
 	}
 	ct := a.header.Get("Content-Type")
@@ -283,15 +331,6 @@ func docLink(a answer) bool {
 	}
 	_ = json.Unmarshal(a.body, &p)
 	return p.Type != "" && p.Type != "about:blank" && strings.Contains(p.Type, ":")
-}
-
-func contains(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Report formats results as a table: level, id, PASS/FAIL (OPEN: yes/no), and the problems.

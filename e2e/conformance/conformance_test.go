@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,26 +20,39 @@ import (
 
 // naiveOrders is the service README.md describes with no idempotency at all: every request
 // runs, keys are ignored.
-func naiveOrders(w http.ResponseWriter, r *http.Request) {
-	if ms, _ := strconv.Atoi(r.URL.Query().Get("delay_ms")); ms > 0 {
-		time.Sleep(time.Duration(ms) * time.Millisecond)
-	}
-	status := http.StatusCreated
-	if s, err := strconv.Atoi(r.URL.Query().Get("status")); err == nil {
-		status = s
-	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"id": hex.EncodeToString(b)})
+func naiveOrders() http.Handler {
+	var started atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /orders/started", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(started.Load())
+	})
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		started.Add(1)
+		if ms, _ := strconv.Atoi(r.URL.Query().Get("delay_ms")); ms > 0 {
+			select { // the execution's own duration, cut short if the client leaves
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		status := http.StatusCreated
+		if s, err := strconv.Atoi(r.URL.Query().Get("status")); err == nil {
+			status = s
+		}
+		b := make([]byte, 8)
+		_, _ = rand.Read(b)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(map[string]string{"id": hex.EncodeToString(b)})
+	})
+	return mux
 }
 
 // TestSuiteCatchesNaiveService: the suite is not a check that cannot fail. Against a service
 // that ignores Idempotency-Key, every case that needs the key honoured fails; the only ones
 // that pass are those a plain service meets by itself (its first request is processed).
 func TestSuiteCatchesNaiveService(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(naiveOrders))
+	srv := httptest.NewServer(naiveOrders())
 	t.Cleanup(srv.Close)
 	cases, err := conformance.Cases()
 	require.NoError(t, err)

@@ -28,6 +28,9 @@ import (
 	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/models/modeltest"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -231,38 +234,29 @@ func startMidFailover(t *testing.T, dbURL string) error {
 
 // checkRecovered: the server's reaper has completed a pass since the last failover and, when
 // it listens, its LISTEN connection is up again (on the new primary), read from its /metrics
-// (bounded: 30 s, the listener reconnects with backoff).
+// (polled for up to 30 s: the listener reconnects with backoff).
 func checkRecovered(t *testing.T, base string, since time.Time, listens bool) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		resp, err := http.Get(base + "/metrics")
-		require.NoError(t, err)
-		raw, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		listening := metricValue(string(raw), "idemgate_listen_connected") == 1
-		require.False(t, listening && !listens, "%s listens with IDEMGATE_LISTEN=false", base)
-		reaped := metricValue(string(raw), "idemgate_reaper_last_success_timestamp_seconds") > float64(since.Unix())
-		if listening == listens && reaped {
+		if !assert.NoError(c, err) {
 			return
 		}
-		require.True(t, time.Now().Before(deadline), "%s after the last failover: listening %v, reaper passed %v", base,
-			listening, reaped)
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// metricValue is the value of an unlabelled series in a Prometheus text exposition (NaN: absent).
-func metricValue(exposition, name string) float64 {
-	for _, line := range strings.Split(exposition, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err == nil {
-				return f
-			}
+		defer resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		if !assert.NoError(c, err) {
+			return
 		}
-	}
-	return math.NaN()
+		gauge := func(name string) float64 {
+			if f := fams[name]; f != nil && len(f.GetMetric()) == 1 {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+			return math.NaN()
+		}
+		assert.Equal(c, listens, gauge("idemgate_listen_connected") == 1, "%s listening", base)
+		assert.Greater(c, gauge("idemgate_reaper_last_success_timestamp_seconds"), float64(since.Unix()),
+			"%s: no reaper pass since the last failover", base)
+	}, 30*time.Second, 200*time.Millisecond)
 }
 
 // hookReceiver is a webhook endpoint of the run's tenant, subscribed to every event: the
@@ -295,23 +289,20 @@ func newHookReceiver(t *testing.T, dbURL string) *hookReceiver {
 // receiver got each one's webhook-id: no event was lost across the failovers.
 func (h *hookReceiver) checkDelivered(t *testing.T, dbURL string) {
 	ctx, db := openCheckDB(t, dbURL)
-	deadline := time.Now().Add(90 * time.Second)
 	var events []models.WebhookEvent
-	for {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		events = events[:0]
-		require.NoError(t, db.WithContext(ctx).Find(&events).Error)
+		if !assert.NoError(c, db.WithContext(ctx).Find(&events).Error) {
+			return
+		}
 		pending := 0
 		for _, e := range events {
 			if e.Status != "delivered" {
 				pending++
 			}
 		}
-		if pending == 0 {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "%d of %d webhook events not delivered", pending, len(events))
-		time.Sleep(500 * time.Millisecond)
-	}
+		assert.Zero(c, pending, "%d of %d webhook events not delivered", pending, len(events))
+	}, 90*time.Second, 500*time.Millisecond)
 	require.NotEmpty(t, events, "the run made no webhook event")
 	h.mu.Lock()
 	defer h.mu.Unlock()

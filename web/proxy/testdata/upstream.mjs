@@ -20,6 +20,7 @@ import http from 'node:http';
 import crypto from 'node:crypto';
 
 const effects = new Map();
+let ordersStarted = 0;
 
 const server = http.createServer((req, res) => {
   const url = new URL(req.url, 'http://upstream');
@@ -37,8 +38,15 @@ const server = http.createServer((req, res) => {
       return;
     }
     // The service the conformance suite (e2e/conformance) expects: POST /orders answers 201
-    // with an id unique per execution, after ?delay_ms, or ?status instead of 201.
+    // with an id unique per execution, after ?delay_ms, or ?status instead of 201;
+    // GET /orders/started counts the executions begun.
+    if (req.method === 'GET' && url.pathname === '/orders/started') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(String(ordersStarted));
+      return;
+    }
     if (req.method === 'POST' && url.pathname === '/orders') {
+      ordersStarted += 1;
       const status = Number(url.searchParams.get('status') || 201);
       setTimeout(() => {
         res.writeHead(status, { 'content-type': 'application/json' });
