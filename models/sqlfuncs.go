@@ -37,6 +37,7 @@ var sqlRevisions = []string{
 	2: "9f65153dc17a8be0fcad8a5eae28b55ccdc8919174d84f8a99c5530c6721d1c1", // idemgate_rules.sql: same request, may duplicate an effect
 	3: "1dc427497433367b65cf6ee2972f8a009dd88bab177cf777254e54e07bda5751", // lifecycle: retention, horizon, tombstones (16-argument idemgate_acquire)
 	4: "b706278c605bef7b473900ab6a3b2c893f2668563144eb622e9595c645beef77", // a success protects its key whether or not it is the newest (protected_by)
+	5: "f157bcd0795a02c1e0866bdf542898888b7653067a4d97477983a118fbfca2af", // previous_operation: the newest generation that may have had its effect
 }
 
 // sqlLockID is the PostgreSQL advisory lock that serialises applying the files, so two

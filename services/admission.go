@@ -331,10 +331,11 @@ func (a *Admission) AcquireBatch(ctx context.Context, p Principal, items []Acqui
 // previousOnRetry fills in previous_operation for the attempt_id retries among ds
 // (readmitted): the store names the previous generation only when it takes a key over, and a
 // retry must carry the warning its first answer carried (docs/reference.md §4; issue 28). The
-// previous generation is the key's operation one fencing token below, as it is now: if it has
-// been reconciled since the first answer, the warning follows its new state. The purge keeps
-// it while its successor holds the key (Reaper.purge), so a retry always finds it. One query
-// for all of ds, and none when there is no retry among them.
+// warned generation is warnedGeneration's, as it is now: if it has been reconciled since the
+// first answer, the warning follows its new state (reconciled failed: no warning, or one about
+// an older generation still in doubt). The purge keeps a succeeded generation while a later
+// one holds its key (Reaper.purgeWalk), so a retry finds it. One query for all of ds, and
+// none when there is no retry among them.
 func (a *Admission) previousOnRetry(ctx context.Context, ds []*decision) error {
 	var ids []string
 	byID := map[string]*decision{}
@@ -358,7 +359,9 @@ func (a *Admission) previousOnRetry(ctx context.Context, ds []*decision) error {
 	qctx, cancel := a.db.Bounded(ctx)
 	defer cancel()
 	err := a.db.WithContext(qctx).Table("operations AS n").
-		Joins("JOIN operations o ON o.key_id = n.key_id AND o.fencing_token = n.fencing_token - 1").
+		Joins("JOIN operations o ON o.key_id = n.key_id AND o.fencing_token = "+
+			"(SELECT MAX(e.fencing_token) FROM operations e WHERE e.key_id = n.key_id "+
+			"AND e.fencing_token < n.fencing_token AND e.state IN ?)", duplicateEffectStates).
 		Where("n.id IN ?", ids).
 		Select("n.id AS next_id, o.id, o.state, o.fencing_token, o.outcome_status, o.outcome_receipt").
 		Scan(&rows).Error

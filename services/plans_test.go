@@ -220,3 +220,43 @@ func FuzzPrefixEnd(f *testing.F) {
 		}
 	})
 }
+
+// TestWarnedGenerationPlans: a key reused as a lock (acquired and released over and over)
+// keeps every released generation until the purge, about 600,000 a week at one a second. The
+// queries that look for its generations that may have had an effect (previous_operation, the
+// possible-duplicate flag, the webhook event) go along operations_effect, which holds only
+// those, instead of walking every released generation (issue 32).
+func TestWarnedGenerationPlans(t *testing.T) {
+	t.Parallel()
+	onPostgres(t, func(t *testing.T, b *testBundle) {
+		var keyID int64
+		require.NoError(t, b.db.Raw(`INSERT INTO idem_keys (tenant_id, key, fencing_token, last_operation_id, acquired_at)
+VALUES (?, 'lock', 20000, gen_random_uuid(), now()) RETURNING id`, b.p.TenantID).Scan(&keyID).Error)
+		require.NoError(t, b.db.Exec(`INSERT INTO operations (id, tenant_id, key, key_id, state, fencing_token, owner_token_hash,
+  acquired_at, expires_at, ended_at)
+SELECT gen_random_uuid(), ?, 'lock', ?, CASE WHEN g = 1 THEN 'uncertain' ELSE 'released' END, g, 'plan',
+       now(), now() + interval '1 minute', CASE WHEN g > 1 THEN now() END
+  FROM generate_series(1, 20000) g`, b.p.TenantID, keyID).Error)
+		require.NoError(t, b.db.Exec("ANALYZE operations").Error)
+
+		dry := b.db.Session(&gorm.Session{DryRun: true})
+		var op models.Operation
+		st := warnedGeneration(dry, keyID, 20001).Take(&op).Statement
+		queries := map[string][]any{
+			"warnedGeneration": append([]any{st.SQL.String()}, st.Vars...),
+			// idemgate_acquire's and idemgate_webhook_admitted's, as written there.
+			"idemgate_acquire": {`SELECT * FROM operations o WHERE o.key_id = ? AND o.fencing_token <= ?
+  AND idemgate_may_duplicate_effect(o.state) ORDER BY o.fencing_token DESC LIMIT 1`, keyID, 20000},
+			// idemgate_admitted_possible_duplicate's.
+			"possible_duplicate": {`SELECT (SELECT e.fencing_token FROM operations e WHERE e.key_id = ?
+  AND e.fencing_token < ? AND idemgate_may_duplicate_effect(e.state)
+  ORDER BY e.fencing_token DESC LIMIT 1) IS NOT NULL`, keyID, 20001},
+		}
+		for name, q := range queries {
+			var lines []string
+			require.NoError(t, b.db.Raw("EXPLAIN "+q[0].(string), q[1:]...).Scan(&lines).Error)
+			p := strings.Join(lines, "\n")
+			require.Contains(t, p, "operations_effect", "%s:\n%s", name, p)
+		}
+	})
+}

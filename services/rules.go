@@ -157,6 +157,18 @@ var duplicateEffectStates = []string{StateSucceeded, StateUncertain}
 // mayDuplicateEffect reports whether state is one of duplicateEffectStates.
 func mayDuplicateEffect(state string) bool { return slices.Contains(duplicateEffectStates, state) }
 
+// warnedGeneration selects the generation an admission of the key keyID with fencing token
+// next is warned about (previous_operation, docs/reference.md §4): the newest earlier one whose
+// effect may have happened, in its state now. Not simply the one just below: after an uncertain
+// generation, a later one released or failed did nothing, and naming it would drop the warning
+// about the one still in doubt (issue 32). Served by the operations_effect index, one probe
+// however many released generations the key has had. idemgate_acquire states the same in SQL.
+func warnedGeneration(tx *gorm.DB, keyID, next int64) *gorm.DB {
+	return tx.Model(&models.Operation{}).
+		Where("key_id = ? AND fencing_token < ? AND state IN ?", keyID, next, duplicateEffectStates).
+		Order("fencing_token DESC").Limit(1)
+}
+
 // releasable says whether an operation in state may give up its hold: only when no effect is
 // confirmed or in doubt. Errors: ErrEffectConfirmed (succeeded), ErrOutcomeUncertain
 // (uncertain: reconcile first), ErrInvalidTransition (released).

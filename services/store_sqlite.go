@@ -182,8 +182,10 @@ func (sqliteStore) acquireTx(tx *gorm.DB, a acquireArgs) (decision, error) {
 					return err
 				}
 			}
+			// docs/reference.md §4: warned about the newest earlier generation whose effect
+			// may have happened, skipping released and failed ones (see warnedGeneration).
 			var prev models.Operation
-			if err := tx.Where("id = ?", k.LastOperationID).Take(&prev).Error; err == nil {
+			if err := warnedGeneration(tx, k.ID, k.FencingToken+1).Take(&prev).Error; err == nil {
 				d.prev = &PreviousOperation{ID: prev.ID, State: prev.State, FencingToken: prev.FencingToken,
 					OutcomeStatus: prev.OutcomeStatus, OutcomeReceipt: prev.OutcomeReceipt}
 			} else if !errors.Is(err, gorm.ErrRecordNotFound) {

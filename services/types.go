@@ -66,9 +66,10 @@ type Operation struct {
 	EvidencePurged   bool
 }
 
-// PreviousOperation summarises the key's previous operation when it did not end cleanly
-// (uncertain, or succeeded and now admitted again), so the new attempt can check the
-// destination first (docs/reference.md §4).
+// PreviousOperation summarises the newest earlier generation of a key that may have had its
+// effect (uncertain, or succeeded and now admitted again; released and failed generations are
+// skipped: warnedGeneration), so the new attempt can check the destination first
+// (docs/reference.md §4).
 type PreviousOperation struct {
 	ID             string
 	State          string

@@ -26,8 +26,9 @@ type Lease struct {
 	// LeaseExpiresAt is the end of the lease at admission (database clock); heartbeats move
 	// it on.
 	LeaseExpiresAt time.Time
-	// PreviousOperation is set when the key's previous operation did not end cleanly: check
-	// the destination (e.g. by its receipt) before acting.
+	// PreviousOperation is set when an earlier generation of the key may have had its effect
+	// (the newest such, docs/reference.md §4): check the destination (e.g. by its receipt)
+	// before acting.
 	PreviousOperation *PreviousOperation
 	// Duration is the lease asked for (AcquireRequest.Lease, or the TTL without one); each
 	// renew asks for it again.

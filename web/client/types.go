@@ -153,9 +153,10 @@ type Admission struct {
 	// nil horizon none.
 	RetentionSeconds *int64 `json:"retention_seconds"`
 	HorizonSeconds   *int64 `json:"horizon_seconds"`
-	// PreviousOperation is set when the key's previous operation did not end cleanly
-	// (uncertain, or succeeded and the key admitted again after its TTL): check the
-	// destination before acting.
+	// PreviousOperation names the newest earlier generation of the key that may have had its
+	// effect (uncertain, or succeeded and the key admitted again after its TTL; released and
+	// failed generations are skipped), if any: check the destination before acting
+	// (docs/reference.md §4).
 	PreviousOperation *PreviousOperation `json:"previous_operation,omitempty"`
 
 	// lease is the lease duration asked for (the TTL when none was), and sentAt when the
@@ -172,7 +173,8 @@ func (a *Admission) Lease() Lease {
 		Duration: a.lease, deadline: a.sentAt.Add(a.lease)}
 }
 
-// PreviousOperation summarises the key's previous operation in an Admission.
+// PreviousOperation summarises, in an Admission, the earlier generation of the key that may
+// have had its effect (docs/reference.md §4).
 type PreviousOperation struct {
 	ID           string      `json:"id"`
 	State        string      `json:"state"`

@@ -333,8 +333,9 @@ const (
 	// each later one. Pass it to destinations that can reject stale attempts.
 	HeaderFencingToken = "Idempotency-Fencing-Token"
 	// HeaderPreviousOperation, HeaderPreviousState and HeaderPreviousReceipt carry the key's
-	// previous operation when it did not end cleanly (uncertain, or succeeded and admitted
-	// again after its TTL): check the destination before acting again.
+	// newest earlier generation that may have had its effect (uncertain, or succeeded and
+	// admitted again after its TTL; docs/reference.md §4): check the destination before
+	// acting again.
 	HeaderPreviousOperation = "Idempotency-Previous-Operation"
 	HeaderPreviousState     = "Idempotency-Previous-State"
 	HeaderPreviousReceipt   = "Idempotency-Previous-Receipt"

@@ -12,8 +12,9 @@
 --
 -- result is 'admitted', 'duplicate' or 'conflict'; readmitted is true when an attempt_id retry
 -- got its own operation back. op_* describe the operation the caller is answered about (the new
--- one when admitted, the holder otherwise); prev_* the key's previous operation, if any. The
--- rules are services/rules.go's; TestAdmissionRulesAgree holds the two to one table.
+-- one when admitted, the holder otherwise); prev_* the generation an admission is warned about,
+-- if any (below). The rules are services/rules.go's; TestAdmissionRulesAgree holds the two to
+-- one table.
 --
 -- A duplicate or conflict locks nothing: it reads the hold in one snapshot and counts itself in
 -- operation_counters, in a row of its own backend, so a retry storm on one key never queues on
@@ -206,8 +207,17 @@ BEGIN
         VALUES (v_k.holder_operation_id, p_tenant_id, 'state_changed', 'system',
                 'in_progress -> uncertain: ' || v_h.state_reason, v_now);
       END IF;
-      SELECT * INTO v_prev FROM operations o WHERE o.id = v_k.last_operation_id;
     END IF;
+    -- docs/reference.md §4 previous_operation: the newest earlier generation whose effect may
+    -- have happened (succeeded or uncertain, as now: the holder just made uncertain included).
+    -- Not simply the key's last operation: after an uncertain generation, a later one that was
+    -- released or failed did nothing, and naming it would drop the warning about the one still
+    -- in doubt (issue 32). Along operations_effect, one index probe however many released
+    -- generations the key has had.
+    SELECT * INTO v_prev FROM operations o
+     WHERE o.key_id = v_k.id AND o.fencing_token <= v_k.fencing_token
+       AND idemgate_may_duplicate_effect(o.state)
+     ORDER BY o.fencing_token DESC LIMIT 1;
 
     UPDATE idem_keys k
        SET fencing_token = v_k.fencing_token + 1, holder_operation_id = p_operation_id,

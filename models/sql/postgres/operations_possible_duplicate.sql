@@ -6,9 +6,15 @@
 CREATE OR REPLACE FUNCTION idemgate_admitted_possible_duplicate() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-  NEW.possible_duplicate_effect := EXISTS (
-    SELECT 1 FROM operations e WHERE e.key_id = NEW.key_id AND e.fencing_token < NEW.fencing_token
-       AND idemgate_may_duplicate_effect(e.state));
+  -- The newest such generation, rather than EXISTS: with a key's many released generations
+  -- among the most common key_id values, the planner expected a sequential scan to meet a
+  -- match at once and chose it over operations_effect (TestWarnedGenerationPlans); ORDER BY
+  -- … LIMIT 1 can only be served early by the index.
+  NEW.possible_duplicate_effect := (
+    SELECT e.fencing_token FROM operations e
+     WHERE e.key_id = NEW.key_id AND e.fencing_token < NEW.fencing_token
+       AND idemgate_may_duplicate_effect(e.state)
+     ORDER BY e.fencing_token DESC LIMIT 1) IS NOT NULL;
   RETURN NEW;
 END $$;
 

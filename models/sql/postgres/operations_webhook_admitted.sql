@@ -1,6 +1,8 @@
 -- The webhook outbox's operation.possible_duplicate_effect event: a key admitted again
--- (fencing token > 1) while its previous generation, found by key_id, is succeeded or
--- uncertain. New keys never call the function.
+-- (fencing token > 1) while an earlier generation is succeeded or uncertain, naming the newest
+-- such one, the generation acquire's previous_operation names (services/rules.go
+-- warnedGeneration; released and failed generations in between did nothing, issue 32). New
+-- keys never call the function.
 
 CREATE OR REPLACE FUNCTION idemgate_webhook_admitted() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -14,8 +16,10 @@ BEGIN
     RETURN NULL;
   END IF;
   SELECT * INTO v_prev FROM operations o
-   WHERE o.key_id = NEW.key_id AND o.fencing_token = NEW.fencing_token - 1;
-  IF NOT FOUND OR NOT idemgate_may_duplicate_effect(v_prev.state) THEN
+   WHERE o.key_id = NEW.key_id AND o.fencing_token < NEW.fencing_token
+     AND idemgate_may_duplicate_effect(o.state)
+   ORDER BY o.fencing_token DESC LIMIT 1;
+  IF NOT FOUND THEN
     RETURN NULL;
   END IF;
   INSERT INTO webhook_events (msg_id, tenant_id, endpoint_id, event_type, operation_id, occurred_at,

@@ -1,5 +1,7 @@
 -- SQLite twin of ../postgres/operations_webhook_admitted.sql: the outbox's
--- operation.possible_duplicate_effect event.
+-- operation.possible_duplicate_effect event, naming the newest earlier generation that is
+-- succeeded or uncertain (services/rules.go warnedGeneration). Found by (tenant_id, key), as
+-- operations_possible_duplicate.sql does: NEW.key_id may not be filled yet.
 -- SQLite has no functions written in SQL (one registered from Go would break every other tool
 -- that opens the file), so the state list of ../postgres/idemgate_rules.sql's
 -- idemgate_may_duplicate_effect is written out here; TestDuplicateEffectRule holds it to
@@ -26,8 +28,11 @@ BEGIN
          NEW.outcome_status, NEW.outcome_receipt, p.id, p.state,
          rtrim(rtrim(strftime('%Y-%m-%d %H:%M:%f', 'now'), '0'), '.') || '+00:00'
     FROM webhook_endpoints w
-    JOIN operations p ON p.tenant_id = NEW.tenant_id AND p.key = NEW.key
-                     AND p.fencing_token = NEW.fencing_token - 1 AND p.state IN ('succeeded', 'uncertain')
+    JOIN operations p ON p.id = (SELECT e.id FROM operations e
+                                   WHERE e.tenant_id = NEW.tenant_id AND e.key = NEW.key
+                                     AND e.fencing_token < NEW.fencing_token
+                                     AND e.state IN ('succeeded', 'uncertain')
+                                   ORDER BY e.fencing_token DESC LIMIT 1)
    WHERE w.tenant_id = NEW.tenant_id AND w.disabled_at IS NULL AND w.deleted_at IS NULL
      AND (',' || w.events || ',') LIKE '%,operation.possible_duplicate_effect,%';
 END;

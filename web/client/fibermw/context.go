@@ -26,9 +26,9 @@ type Info struct {
 	// LeaseExpiresAt is when the attempt's lease lapsed at admission (docs/reference.md §8);
 	// with Config.Lease the middleware renews it while the handler runs.
 	LeaseExpiresAt time.Time
-	// PreviousOperation is set when the key's previous operation did not end cleanly:
+	// PreviousOperation is set when an earlier generation of the key may have had its effect:
 	// uncertain (say, the handler failed with a 5xx or panicked), or succeeded and admitted
-	// again after the TTL. A handler whose effect must not happen twice should check the
+	// again after the TTL; the newest such, skipping released ones (docs/reference.md §4). A handler whose effect must not happen twice should check the
 	// destination (e.g. by PreviousOperation.Outcome.Receipt) before acting.
 	PreviousOperation *client.PreviousOperation
 

@@ -102,8 +102,8 @@
 // # In a handler
 //
 // FromContext gives the admitted request's Info: its operation id and fencing token (pass it
-// to destinations that can reject stale attempts) and, when the key's previous operation did
-// not end cleanly, PreviousOperation. SetReceipt records the destination's reference with the
+// to destinations that can reject stale attempts) and, when an earlier generation of the key may
+// have had its effect, PreviousOperation. SetReceipt records the destination's reference with the
 // outcome. NoEffect says the request changed nothing, so the key is released and a retry runs
 // the handler again; 408, 425 and 429 answers count as "nothing happened" too
 // (Config.NoEffectStatus).
