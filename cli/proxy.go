@@ -31,7 +31,7 @@ const proxyOutcomeMargin = 15 * time.Second
 func proxyCmd(env Env) *cobra.Command {
 	var (
 		listen, upstream, idemgateURL, callerHeader, docURL string
-		methods, requireKey, replayHeaders                  []string
+		methods, requireKey, replayHeaders, operations      []string
 		noEffect                                            []int
 		ttl, lease, wait, timeout                           time.Duration
 	)
@@ -72,7 +72,12 @@ func proxyCmd(env Env) *cobra.Command {
 			case err != nil: // idemgate may come later; until then requests get 503
 				log.Warn("idemgate cannot be asked yet; keyed requests get 503 until it can", "idemgate", idemgateURL, "err", err)
 			}
+			ops, err := proxy.ParseOperations(operations)
+			if err != nil {
+				return fmt.Errorf("--operation: %w", err)
+			}
 			app, err := proxy.New(proxy.Config{Upstream: upstream, Client: idem, Methods: methods, RequireKey: requireKey,
+				Operations:   ops,
 				CallerHeader: callerHeader, ReplayHeaders: replayHeaders, TTL: ttl, Lease: lease, Wait: wait,
 				NoEffect5xx: noEffect, UpstreamTimeout: timeout, DocumentationURL: docURL, Logger: log})
 			if err != nil {
@@ -104,6 +109,7 @@ func proxyCmd(env Env) *cobra.Command {
 	f.StringVar(&idemgateURL, "idemgate", "", "the idemgate server's URL, e.g. http://127.0.0.1:8080")
 	f.StringSliceVar(&methods, "methods", []string{"POST", "PATCH"}, "guarded methods")
 	f.StringSliceVar(&requireKey, "require-key", nil, "path prefixes whose guarded requests must carry a key (else 400)")
+	f.StringSliceVar(&operations, "operation", nil, "PREFIX=NAME: the operation name of guarded requests under a path prefix, e.g. /v1/charges=charge.create")
 	f.StringVar(&callerHeader, "caller-header", "", "scope keys by a hash of this request header too, e.g. Authorization")
 	f.StringSliceVar(&replayHeaders, "replay-header", nil, "response headers replayed with a repeat (default Content-Type, Location, ETag, …)")
 	f.StringVar(&docURL, "doc-url", "", "the page documenting your idempotency rules, linked from the proxy's own errors")
@@ -111,7 +117,7 @@ func proxyCmd(env Env) *cobra.Command {
 	f.DurationVar(&ttl, "ttl", 24*time.Hour, "how long a key is held (whole seconds)")
 	f.DurationVar(&lease, "lease", 0, "renewed lease while the upstream works (0: the TTL)")
 	f.DurationVar(&wait, "wait", 0, "a repeat in flight waits up to this long and replays (0: 409 at once)")
-	f.DurationVar(&timeout, "upstream-timeout", 30*time.Second, "bound of one forwarded request; past it the outcome is unknown")
+	f.DurationVar(&timeout, "upstream-timeout", 30*time.Second, "bound of one guarded request (of a pass-through one, until its answer's headers); past it the outcome is unknown")
 	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [$" + proxyEnvName(fl.Name) + "]" }) // before cobra adds --help
 	return cmd
 }

@@ -22,10 +22,10 @@
 //     collide.
 //
 // An admitted request reaches the upstream with its operation id, fencing token and, when the
-// key's previous attempt did not end cleanly, that attempt's id, state and receipt, in the
+// key's earlier attempt may have had its effect, that attempt's id, state and receipt, in the
 // Idempotency-* request headers (Header…). Everything else (other methods, requests without a
 // key on routes that do not require one) is forwarded untouched, but for those headers, which
-// only the proxy sets.
+// only the proxy sets, and streamed both ways.
 package proxy
 
 import (
@@ -33,6 +33,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -84,6 +85,12 @@ type Config struct {
 	// answer, besides the body and status. Default fibermw.DefaultReplayHeaders (Content-Type,
 	// Location, ETag, …; never Set-Cookie).
 	ReplayHeaders []string
+	// Operations name the business operation of guarded requests by path prefix (whole
+	// segments; the longest match wins), e.g. {"/v1/charges", "charge.create"}: idemgate
+	// records it with each operation, so the dashboard, the audit and the uncertain queue say
+	// what a key was for. A request under no prefix has no operation name. ParseOperations
+	// reads them from "PREFIX=NAME" strings.
+	Operations []Operation
 	// DocumentationURL is fibermw's: the page documenting the service's idempotency rules,
 	// linked from every answer of the proxy's own (Link rel="describedby").
 	DocumentationURL string
@@ -94,11 +101,73 @@ type Config struct {
 	// processed (e.g. 503 from a service that sheds load before doing anything): the key is
 	// released and a retry is forwarded again. Every other 5xx leaves the operation uncertain.
 	NoEffect5xx []int
-	// UpstreamTimeout bounds one forwarded request, from sending to the whole answer.
-	// Default 30 s. A guarded request that hits it is uncertain.
+	// UpstreamTimeout bounds one forwarded guarded request, from sending to the whole answer,
+	// and a pass-through one until its answer's headers (its body may stream for as long as it
+	// lasts). Default 30 s. A guarded request that hits it is uncertain.
 	UpstreamTimeout time.Duration
-	// Logger receives idemgate failures. Default slog.Default().
+	// Logger receives one line per request (see logRequest) and idemgate failures. Default
+	// slog.Default().
 	Logger *slog.Logger
+}
+
+// Operation names the operation of the guarded requests under Prefix (Config.Operations).
+type Operation struct {
+	Prefix string
+	// Name is an idemgate operation name: 1–64 characters of [A-Za-z0-9._:-]
+	// (docs/reference.md §4).
+	Name string
+}
+
+// ParseOperations reads Config.Operations from "PREFIX=NAME" strings (the proxy's --operation
+// flag). Errors: an entry without "=", a prefix that does not start with "/", a name that is
+// not an operation name, or a prefix given twice.
+func ParseOperations(specs []string) ([]Operation, error) {
+	var out []Operation
+	seen := map[string]bool{}
+	for _, spec := range specs {
+		prefix, name, ok := strings.Cut(spec, "=")
+		prefix = strings.TrimSuffix(strings.TrimSpace(prefix), "/")
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("operation %q: want PREFIX=NAME, e.g. /v1/charges=charge.create", spec)
+		case !strings.HasPrefix(prefix+"/", "/"):
+			return nil, fmt.Errorf("operation %q: the prefix must be a path starting with /", spec)
+		case !validOperationName(name):
+			return nil, fmt.Errorf("operation %q: the name must be 1 to %d characters of A-Z a-z 0-9 . _ : -",
+				spec, client.MaxOperationNameChars)
+		case seen[prefix]:
+			return nil, fmt.Errorf("operation %q: prefix %q is named twice", spec, prefix+"/")
+		}
+		seen[prefix] = true
+		out = append(out, Operation{Prefix: prefix, Name: name})
+	}
+	return out, nil
+}
+
+// validOperationName is idemgate's rule for operation names (services.ValidateOperationName),
+// checked at start so that a bad name is a configuration error, not a 503 on every request.
+func validOperationName(name string) bool {
+	if name == "" || len(name) > client.MaxOperationNameChars {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// operationName is the name of the longest of ops's prefixes path is under, or "".
+func operationName(path string, ops []Operation) string {
+	best, name := -1, ""
+	for _, o := range ops {
+		if underAny(path, []string{o.Prefix}) && len(o.Prefix) > best {
+			best, name = len(o.Prefix), o.Name
+		}
+	}
+	return name
 }
 
 // New returns the proxy as a Fiber app, to serve with app.Listener or app.Listen.
@@ -118,6 +187,11 @@ func New(cfg Config) (*fiber.App, error) {
 			return nil, fmt.Errorf("%s %s: want whole seconds, 0 or more", name, d)
 		}
 	}
+	for _, o := range cfg.Operations {
+		if !validOperationName(o.Name) || !strings.HasPrefix(o.Prefix+"/", "/") {
+			return nil, fmt.Errorf("operation %q=%q: want a path prefix and an operation name", o.Prefix, o.Name)
+		}
+	}
 	noEffect := map[int]bool{}
 	for _, s := range cfg.NoEffect5xx {
 		if s < 500 || s > 599 {
@@ -135,6 +209,13 @@ func New(cfg Config) (*fiber.App, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = []string{fiber.MethodPost, fiber.MethodPatch} // fibermw's default
+	}
+	guardedMethods := map[string]bool{}
+	for _, m := range cfg.Methods {
+		guardedMethods[strings.ToUpper(m)] = true
+	}
 	h := &handler{upstream: u, noEffect: noEffect, timeout: cfg.UpstreamTimeout, client: &http.Client{
 		// No redirects followed (the caller gets them, and they are replayed), no proxy from
 		// the environment, and the body passed on as sent: no Accept-Encoding of our own and no
@@ -144,6 +225,11 @@ func New(cfg Config) (*fiber.App, error) {
 			IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext},
 	}}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true, BodyLimit: MaxRequestBytes,
+		// Bodies over BodyLimit, and chunked ones, reach the handler as a stream instead of
+		// being refused or read whole: pass-through requests are forwarded as they arrive,
+		// and readGuarded bounds the guarded ones itself. A multipart form is not parsed: the
+		// upstream gets its bytes, not fasthttp's re-encoding of them.
+		StreamRequestBody: true, DisablePreParseMultipartForm: true,
 		ReadTimeout: cfg.UpstreamTimeout,
 		// Only Fiber's own refusals of a request it could not read (413 too large, 431, 400
 		// malformed, 408 too slow) come here: forward answers its failures itself. None of them
@@ -158,13 +244,27 @@ func New(cfg Config) (*fiber.App, error) {
 				Status: status, Code: CodeRequestInvalid,
 				Detail: "The request could not be read, so it was not forwarded: " + http.StatusText(status) + "."})
 		}})
+	// Whether fibermw guards the request (answers it itself or admits it); the rest passes
+	// through, streamed.
+	guarded := func(c *fiber.Ctx) bool {
+		return guardedMethods[c.Method()] &&
+			(len(c.Request().Header.PeekAll(fibermw.HeaderIdempotencyKey)) > 0 || underAny(requestPath(c), cfg.RequireKey))
+	}
+	app.Use(func(c *fiber.Ctx) error { return logRequest(c, cfg.Logger, guarded(c)) })
+	app.Use(func(c *fiber.Ctx) error {
+		if !guarded(c) {
+			return c.Next()
+		}
+		return readGuarded(c)
+	})
 	app.Use(fibermw.New(fibermw.Config{
 		Client: cfg.Client, Methods: cfg.Methods, TTL: cfg.TTL, Lease: cfg.Lease, Wait: cfg.Wait, Logger: cfg.Logger,
 		ReplayHeaders: cfg.ReplayHeaders, DocumentationURL: cfg.DocumentationURL,
 		Required: func(c *fiber.Ctx) bool {
 			return underAny(requestPath(c), cfg.RequireKey)
 		},
-		Scope: func(c *fiber.Ctx) string { return scope(c, cfg.CallerHeader) },
+		Scope:     func(c *fiber.Ctx) string { return scope(c, cfg.CallerHeader) },
+		Operation: func(c *fiber.Ctx) string { return operationName(requestPath(c), cfg.Operations) },
 	}))
 	app.All("/*", h.forward)
 	return app, nil
@@ -200,6 +300,87 @@ func underAny(path string, prefixes []string) bool {
 // c.Path() is the path as sent, and with it one key on three spellings ran three times.
 func requestPath(c *fiber.Ctx) string { return string(c.Request().URI().Path()) }
 
+// logRequest writes one line per request once it is answered: method, path (as sent, without
+// the query, at most 256 bytes), status, duration, and for a guarded request what idemgate
+// decided: "admitted" with the operation id and fencing token, "replayed", or the code of the
+// problem it was answered with (request_in_progress, outcome_uncertain, …). An admission that
+// carries the warning of docs/reference.md §4 (an earlier attempt may have had its effect) is
+// logged at Warn with that attempt's id and state, since the upstream may act twice if it
+// ignores the Idempotency-Previous-* headers. guarded says fibermw guards the request. Keys
+// and headers are never logged.
+func logRequest(c *fiber.Ctx, log *slog.Logger, guarded bool) error {
+	start := time.Now()
+	if err := c.Next(); err != nil {
+		if err := c.App().Config().ErrorHandler(c, err); err != nil {
+			_ = c.SendStatus(fiber.StatusInternalServerError)
+		}
+	}
+	path := string(c.Request().URI().PathOriginal())
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	if len(path) > 256 {
+		path = path[:256] + "…"
+	}
+	status := c.Response().StatusCode()
+	attrs := []slog.Attr{slog.String("method", c.Method()), slog.String("path", strings.ToValidUTF8(path, "\uFFFD")),
+		slog.Int("status", status), slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000)}
+	level := slog.LevelInfo
+	switch info, ok := fibermw.FromContext(c); {
+	case ok:
+		attrs = append(attrs, slog.String("idempotency", "admitted"), slog.String("operation_id", info.OperationID),
+			slog.Int64("fencing_token", info.FencingToken))
+		if prev := info.PreviousOperation; prev != nil {
+			level = slog.LevelWarn
+			attrs = append(attrs, slog.String("previous_operation", prev.ID), slog.String("previous_state", prev.State))
+		}
+	case string(c.Response().Header.Peek(fibermw.HeaderReplayed)) == "true":
+		attrs = append(attrs, slog.String("idempotency", "replayed"))
+	case guarded && strings.HasPrefix(string(c.Response().Header.ContentType()), "application/problem+json") &&
+		!c.Response().IsBodyStream(): // fibermw's or the proxy's own answer: it forwarded nothing
+		var p struct {
+			Code string `json:"code"`
+		}
+		if json.Unmarshal(c.Response().Body(), &p) == nil && p.Code != "" {
+			attrs = append(attrs, slog.String("idempotency", p.Code))
+		}
+	}
+	log.LogAttrs(c.UserContext(), level, "request", attrs...)
+	return nil
+}
+
+// readGuarded reads the body of a request fibermw may guard, whole and at most
+// MaxRequestBytes, before fibermw fingerprints it: a larger one is refused with 413
+// request_invalid before anything is asked or forwarded, whether its length was declared or it
+// came chunked.
+func readGuarded(c *fiber.Ctx) error {
+	req := c.Request()
+	if !req.IsBodyStream() {
+		return c.Next()
+	}
+	tooLarge := func() error {
+		c.Context().SetConnectionClose() // the rest of the body is not read
+		return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Request Entity Too Large",
+			Status: fiber.StatusRequestEntityTooLarge, Code: CodeRequestInvalid,
+			Detail: fmt.Sprintf("The request body is over %d bytes, so it was not forwarded.", MaxRequestBytes)})
+	}
+	if req.Header.ContentLength() > MaxRequestBytes {
+		return tooLarge()
+	}
+	body, err := io.ReadAll(io.LimitReader(req.BodyStream(), MaxRequestBytes+1))
+	switch {
+	case err != nil:
+		c.Context().SetConnectionClose()
+		return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Request",
+			Status: fiber.StatusBadRequest, Code: CodeRequestInvalid,
+			Detail: "The request body could not be read, so it was not forwarded."})
+	case len(body) > MaxRequestBytes:
+		return tooLarge()
+	}
+	req.SetBodyRaw(body)
+	return c.Next()
+}
+
 type handler struct {
 	upstream *url.URL
 	noEffect map[int]bool
@@ -207,9 +388,10 @@ type handler struct {
 	client   *http.Client
 }
 
-// MaxRequestBytes and MaxResponseBytes bound the bodies the proxy buffers (docs/reference.md
-// §12 "Limits"). A larger request is refused with 413 before anything is forwarded; a larger
-// response is answered 502 upstream_answer_lost and left uncertain, since the upstream acted.
+// MaxRequestBytes and MaxResponseBytes bound the bodies of guarded requests, which the proxy
+// reads whole (docs/reference.md §12 "Limits"). A larger request is refused with 413 before
+// anything is forwarded; a larger response is answered 502 upstream_answer_lost and left
+// uncertain, since the upstream acted. Pass-through requests and answers are streamed, unbounded.
 const (
 	MaxRequestBytes  = 16 << 20
 	MaxResponseBytes = 32 << 20
@@ -219,21 +401,43 @@ const (
 // record. A request that never left (the upstream refused the connection, or the dial timed
 // out) is no effect: 502 upstream_unreachable, key released. One that left and got no whole
 // answer is 502 upstream_answer_lost, uncertain. A 5xx listed in Config.NoEffect5xx is no
-// effect. Nothing of the upstream's answer is written to c until all of it has arrived, so a
-// lost answer never mixes the upstream's headers into the proxy's problem.
+// effect. Nothing of an admitted request's answer is written to c until all of it has arrived,
+// so a lost answer never mixes the upstream's headers into the proxy's problem. A request
+// fibermw did not admit (pass-through) is streamed both ways instead: its body as it arrives,
+// its answer as it comes, bounded by UpstreamTimeout only until the answer's headers.
 func (h *handler) forward(c *fiber.Ctx) error {
+	_, admitted := fibermw.FromContext(c)
 	target := *h.upstream
 	target.Path = strings.TrimSuffix(h.upstream.Path, "/") + requestPath(c)
 	target.RawPath = ""
 	target.RawQuery = string(c.Request().URI().QueryString())
-	ctx, cancel := context.WithTimeout(c.UserContext(), h.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, c.Method(), target.String(), bytes.NewReader(c.Request().Body()))
+	ctx, cancel := context.WithCancel(context.Background())
+	deadline := time.AfterFunc(h.timeout, cancel)
+	streaming := false
+	defer func() {
+		if !streaming { // else the answer's body closes it when fasthttp has sent it all
+			deadline.Stop()
+			cancel()
+		}
+	}()
+	var body io.Reader = bytes.NewReader(c.Request().Body())
+	length := int64(len(c.Request().Body()))
+	if c.Request().IsBodyStream() { // pass-through (readGuarded read a guarded one whole)
+		body, length = c.Request().BodyStream(), int64(c.Request().Header.ContentLength())
+		if length < 0 {
+			length = -1 // chunked: sent chunked
+		}
+		if length == 0 {
+			body = http.NoBody
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, c.Method(), target.String(), body)
 	if err != nil {
 		fibermw.NoEffect(c)
 		return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Request",
 			Status: fiber.StatusBadRequest, Code: CodeRequestInvalid, Detail: "The request's path cannot be forwarded."})
 	}
+	req.ContentLength = length
 	// net/http resends a request whose connection failed when it has a body it can rewind and
 	// an Idempotency-Key: never here, where a resend is a second effect.
 	req.GetBody = nil
@@ -248,14 +452,34 @@ func (h *handler) forward(c *fiber.Ctx) error {
 		}
 		return answerLost(c)
 	}
+	if !admitted {
+		// The headers are in: a pass-through answer may take as long as it lasts (server-sent
+		// events, a download), and goes to the client as it comes.
+		deadline.Stop()
+		streaming = true
+		copyResponseHeaders(c, resp)
+		c.Response().SetBodyStream(&closeCancels{ReadCloser: resp.Body, cancel: cancel}, int(resp.ContentLength))
+		return nil
+	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
-	if err != nil || len(body) > MaxResponseBytes {
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	if err != nil || len(answer) > MaxResponseBytes {
 		return answerLost(c)
 	}
+	copyResponseHeaders(c, resp)
+	c.Response().SetBodyRaw(answer)
+	if h.noEffect[resp.StatusCode] {
+		fibermw.NoEffect(c)
+	}
+	return nil
+}
+
+// copyResponseHeaders puts resp's status and headers on c, but for hop-by-hop ones and the
+// length, which the body that follows sets.
+func copyResponseHeaders(c *fiber.Ctx, resp *http.Response) {
 	c.Status(resp.StatusCode)
 	for name, vs := range resp.Header {
-		if hopByHop(name) {
+		if hopByHop(name) || name == "Content-Length" {
 			continue
 		}
 		for _, v := range vs {
@@ -265,11 +489,19 @@ func (h *handler) forward(c *fiber.Ctx) error {
 	if resp.Header.Get("Content-Type") == "" {
 		c.Response().Header.SetNoDefaultContentType(true)
 	}
-	c.Response().SetBodyRaw(body)
-	if h.noEffect[resp.StatusCode] {
-		fibermw.NoEffect(c)
-	}
-	return nil
+}
+
+// closeCancels is a streamed answer's body: fasthttp closes it once it has sent the answer (or
+// the client went away), which ends the upstream request's context.
+type closeCancels struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *closeCancels) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 func answerLost(c *fiber.Ctx) error {

@@ -33,3 +33,34 @@ func FuzzUnderAny(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseOperations: what ParseOperations accepts is a list of whole-segment prefixes and
+// valid operation names, and writing them back as PREFIX=NAME reads the same list again.
+func FuzzParseOperations(f *testing.F) {
+	f.Add("/v1/charges=charge.create", "/=x")
+	f.Add("a=b", "/a=")
+	f.Add("/a/=x", "/a=y")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		ops, err := ParseOperations([]string{a, b})
+		if err != nil {
+			return
+		}
+		var again []string
+		for _, o := range ops {
+			if !validOperationName(o.Name) || (o.Prefix != "" && o.Prefix[0] != '/') ||
+				(len(o.Prefix) > 0 && o.Prefix[len(o.Prefix)-1] == '/') {
+				t.Fatalf("accepted %q, %q as %+v", a, b, o)
+			}
+			again = append(again, o.Prefix+"="+o.Name)
+		}
+		ops2, err := ParseOperations(again)
+		if err != nil || len(ops2) != len(ops) {
+			t.Fatalf("%q read back as %+v, %v", again, ops2, err)
+		}
+		for i := range ops {
+			if ops[i] != ops2[i] {
+				t.Fatalf("%q read back as %+v", again, ops2)
+			}
+		}
+	})
+}

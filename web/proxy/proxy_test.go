@@ -2,10 +2,14 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand"
 	"net"
 	"net/http"
@@ -366,13 +370,16 @@ func TestProxyEdges(t *testing.T) {
 	}
 	require.Equal(t, 1, effects(t, upstream)["k-dot"], "one key on one path, however spelled")
 
-	// The announced length is refused before the body is read (a client writing the body
-	// would meet a closed connection: the answer is read here over a raw connection).
+	// The announced length is refused before the body is read: only its first 16 KiB have been
+	// sent (fasthttp reads a little over 8 KiB before handing a streamed body over). A client
+	// writing the whole body would meet a closed connection: the answer is read here over a
+	// raw connection.
 	conn2, err := net.Dial("tcp", strings.TrimPrefix(p, "http://"))
 	require.NoError(t, err)
 	defer conn2.Close()
 	_, err = fmt.Fprintf(conn2, "POST /charges/big HTTP/1.1\r\nHost: proxy\r\nIdempotency-Key: k-big\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", proxy.MaxRequestBytes+1)
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", proxy.MaxRequestBytes+1,
+		strings.Repeat(" ", 16<<10))
 	require.NoError(t, err)
 	resp, err := http.ReadResponse(bufio.NewReader(conn2), nil)
 	require.NoError(t, err)
@@ -380,4 +387,211 @@ func TestProxyEdges(t *testing.T) {
 	require.Equal(t, 413, resp.StatusCode, "%s", raw)
 	require.Contains(t, string(raw), proxy.CodeRequestInvalid)
 	require.Zero(t, effects(t, upstream)["k-big"])
+}
+
+// TestProxyStreamsPassThrough: what the proxy does not guard passes through as it comes, both
+// ways (issue 32: "everything else passes through untouched, streaming both ways"). Before, the
+// proxy read every request whole (and refused one over 16 MiB with 413, on any route) and every
+// answer whole, so a long answer (server-sent events, a download) reached the client only when
+// it ended. Guarded requests are still read whole, since their fingerprint and recorded answer
+// need all of them, and still bounded.
+func TestProxyStreamsPassThrough(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t)
+	p := startProxy(t, srv, proxy.Config{Upstream: upstream, UpstreamTimeout: 5 * time.Second,
+		RequireKey: []string{"/charges"}})
+	hc := servertest.OwnTransport(t)
+
+	// An answer streamed: its first line arrives while the upstream still holds the rest. The
+	// deadline only keeps a buffering proxy from hanging the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", p+"/stream", nil)
+	require.NoError(t, err)
+	resp, err := hc.Do(req)
+	require.NoError(t, err, "the headers never came: the proxy waited for the whole answer")
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	first, err := r.ReadString('\n')
+	require.NoError(t, err, "the first line never came while the answer was open")
+	require.Equal(t, "first\n", first)
+	rel, err := http.Get(upstream + "/stream/release")
+	require.NoError(t, err)
+	rel.Body.Close()
+	rest, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Equal(t, "last\n", string(rest))
+
+	// HEAD and an answer without a body end at once.
+	for _, path := range []string{"/echo", "/nowhere"} {
+		hreq, err := http.NewRequestWithContext(ctx, "HEAD", p+path, nil)
+		require.NoError(t, err)
+		hresp, err := hc.Do(hreq)
+		require.NoError(t, err, path)
+		hb, err := io.ReadAll(hresp.Body)
+		hresp.Body.Close()
+		require.NoError(t, err, path)
+		require.Empty(t, hb, path)
+	}
+	nb, err := http.NewRequestWithContext(ctx, "GET", p+"/stream/release", nil)
+	require.NoError(t, err)
+	nresp, err := hc.Do(nb)
+	require.NoError(t, err)
+	nresp.Body.Close()
+	require.Equal(t, 204, nresp.StatusCode)
+
+	// An upload past the guarded limit, on a route that needs no key, without a key: it
+	// reaches the upstream whole, chunked or with a length.
+	big := bytes.Repeat([]byte("0123456789abcdef"), (proxy.MaxRequestBytes+(1<<20))/16)
+	sum := sha256.Sum256(big)
+	for _, chunked := range []bool{false, true} {
+		var body io.Reader = bytes.NewReader(big)
+		if chunked {
+			body = io.MultiReader(bytes.NewReader(big)) // no length known: Transfer-Encoding: chunked
+		}
+		req, err := http.NewRequest("POST", p+"/count", body)
+		require.NoError(t, err)
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		var got struct {
+			Bytes  int    `json:"bytes"`
+			SHA256 string `json:"sha256"`
+		}
+		require.Equal(t, 200, resp.StatusCode, "chunked %v", chunked)
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+		resp.Body.Close()
+		require.Equal(t, len(big), got.Bytes, "chunked %v", chunked)
+		require.Equal(t, hex.EncodeToString(sum[:]), got.SHA256, "chunked %v", chunked)
+	}
+
+	// A multipart form passes as its bytes, not as the proxy's re-encoding of it.
+	form := "--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\nX-Extra: 1\r\n\r\nvalue\r\n--XyZ--\r\n"
+	fsum := sha256.Sum256([]byte(form))
+	freq, err := http.NewRequest("POST", p+"/count", strings.NewReader(form))
+	require.NoError(t, err)
+	freq.Header.Set("Content-Type", "multipart/form-data; boundary=XyZ")
+	fresp, err := hc.Do(freq)
+	require.NoError(t, err)
+	var fgot struct {
+		SHA256 string `json:"sha256"`
+	}
+	require.NoError(t, json.NewDecoder(fresp.Body).Decode(&fgot))
+	fresp.Body.Close()
+	require.Equal(t, hex.EncodeToString(fsum[:]), fgot.SHA256, "the form's bytes were changed")
+
+	// Guarded requests are still bounded, with a length or chunked, and nothing is forwarded.
+	for _, chunked := range []bool{false, true} {
+		var body io.Reader = bytes.NewReader(big)
+		if chunked {
+			body = io.MultiReader(bytes.NewReader(big))
+		}
+		req, err := http.NewRequest("POST", p+"/charges/big", body)
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("k-big-%v", chunked))
+		resp, err := hc.Do(req)
+		if err == nil { // the proxy may close the connection before the client has sent it all
+			require.Equal(t, 413, resp.StatusCode, "chunked %v", chunked)
+			resp.Body.Close()
+		}
+	}
+	require.Zero(t, effects(t, upstream)["k-big-false"]+effects(t, upstream)["k-big-true"])
+	ok := send(t, hc, "POST", p+"/charges/small", "k-small", `{"a":1}`)
+	require.Equal(t, 201, ok.status)
+	require.Equal(t, `{"a":1}`, ok.body["body"])
+}
+
+// lockedBuffer is a log destination the test reads while the proxy writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the JSON log lines written so far.
+func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestProxyNamesOperationsAndLogs: the proxy's operations carry the operation name configured
+// for their path (before, none: the dashboard and the uncertain queue could not say what a key
+// was for), and every request is logged with what idemgate decided (before, nothing: an
+// operator could not tell a replay from a first request, nor see an admission that carried the
+// warning of an earlier attempt in doubt).
+func TestProxyNamesOperationsAndLogs(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t)
+	ops, err := proxy.ParseOperations([]string{"/charges=charge.create", "/charges/refunds/=charge.refund"})
+	require.NoError(t, err)
+	logs := &lockedBuffer{}
+	p := startProxy(t, srv, proxy.Config{Upstream: upstream, UpstreamTimeout: 5 * time.Second, TTL: time.Hour, Operations: ops,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	hc := servertest.OwnTransport(t)
+
+	nameOf := func(key string) *string {
+		var name *string
+		require.NoError(t, srv.DB.Raw("SELECT operation_name FROM operations WHERE key = ? ORDER BY fencing_token DESC LIMIT 1",
+			key).Scan(&name).Error)
+		return name
+	}
+	require.Equal(t, 201, send(t, hc, "POST", p+"/charges/a", "k-op", `{}`).status)
+	require.Equal(t, 201, send(t, hc, "POST", p+"/charges/refunds/7", "k-ref", `{}`).status)
+	require.Equal(t, 201, send(t, hc, "POST", p+"/charges-old", "k-none", `{}`).status) // 201 from /charges* in upstream
+	require.Equal(t, "charge.create", *nameOf("POST /charges/a|k-op"))
+	require.Equal(t, "charge.refund", *nameOf("POST /charges/refunds/7|k-ref"), "the longest prefix wins")
+	require.Nil(t, nameOf("POST /charges-old|k-none"), "prefixes are whole segments")
+
+	first := logs.lines(t)
+	require.Len(t, first, 3)
+	require.Equal(t, "admitted", first[0]["idempotency"])
+	require.Equal(t, "/charges/a", first[0]["path"])
+	require.EqualValues(t, 201, first[0]["status"])
+	require.NotEmpty(t, first[0]["operation_id"])
+	require.EqualValues(t, 1, first[0]["fencing_token"])
+
+	require.Equal(t, 201, send(t, hc, "POST", p+"/charges/a", "k-op", `{}`).status)
+	require.Equal(t, 422, send(t, hc, "POST", p+"/charges/a", "k-op", `{"other":1}`).status)
+	require.Equal(t, 200, send(t, hc, "GET", p+"/echo?secret=1", "", "").status)
+	warn := send(t, hc, "POST", p+"/charges/w", "k-warn", `{}`, "X-Drop", "1")
+	require.Equal(t, 502, warn.status)
+	srv.Elapse(t, 2*time.Hour, "POST /charges/w|k-warn")
+	require.Equal(t, 201, send(t, hc, "POST", p+"/charges/w", "k-warn", `{}`).status)
+
+	all := logs.lines(t)
+	require.Len(t, all, 8)
+	require.Equal(t, "replayed", all[3]["idempotency"])
+	require.Equal(t, "fingerprint_mismatch", all[4]["idempotency"])
+	require.Nil(t, all[5]["idempotency"], "pass-through")
+	require.Equal(t, "/echo", all[5]["path"], "no query string in the log")
+	require.Equal(t, "admitted", all[6]["idempotency"])
+	require.EqualValues(t, 502, all[6]["status"])
+	require.Equal(t, "WARN", all[7]["level"], "an admission with the warning of an earlier attempt")
+	require.Equal(t, all[6]["operation_id"], all[7]["previous_operation"])
+	require.Equal(t, "uncertain", all[7]["previous_state"])
+	require.NotContains(t, logs.buf.String(), "k-op", "keys are not logged")
+}
+
+// TestParseOperations: --operation's PREFIX=NAME entries.
+func TestParseOperations(t *testing.T) {
+	ops, err := proxy.ParseOperations([]string{" /v1/charges/ = charge.create", "/=any"})
+	require.NoError(t, err)
+	require.Equal(t, []proxy.Operation{{Prefix: "/v1/charges", Name: "charge.create"}, {Prefix: "", Name: "any"}}, ops)
+	for _, bad := range [][]string{{"/a"}, {"a=b"}, {"/a=has space"}, {"/a=" + strings.Repeat("x", 65)}, {"/a="},
+		{"/a=x", "/a/=y"}} {
+		_, err := proxy.ParseOperations(bad)
+		require.Error(t, err, "%q", bad)
+	}
 }

@@ -16,14 +16,41 @@
 //   POST /refuse             answers 503 without counting anything (a service shedding load)
 //   GET  /effects            {"<key>": n, ...}
 //   GET  /echo               200 with the request's method, url and headers (pass-through)
+//   GET  /stream             200 text/plain "first\n" at once, then "last\n" and the end only
+//                            once GET /stream/release is called (a long answer, streamed)
+//   POST /count              {"bytes": n, "sha256": hex} of the request body, read as it
+//                            arrives, never held whole (a large upload, streamed)
 import http from 'node:http';
 import crypto from 'node:crypto';
 
 const effects = new Map();
 let ordersStarted = 0;
+const streams = [];
 
 const server = http.createServer((req, res) => {
   const url = new URL(req.url, 'http://upstream');
+  if (req.method === 'GET' && url.pathname === '/stream') {
+    res.writeHead(200, { 'content-type': 'text/plain' });
+    res.write('first\n');
+    streams.push(res);
+    return;
+  }
+  if (req.method === 'GET' && url.pathname === '/stream/release') {
+    for (const s of streams.splice(0)) s.end('last\n');
+    res.writeHead(204);
+    res.end();
+    return;
+  }
+  if (req.method === 'POST' && url.pathname === '/count') {
+    const hash = crypto.createHash('sha256');
+    let bytes = 0;
+    req.on('data', (chunk) => { bytes += chunk.length; hash.update(chunk); });
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ bytes, sha256: hash.digest('hex') }));
+    });
+    return;
+  }
   let body = '';
   req.on('data', (chunk) => { body += chunk; });
   req.on('end', () => {
