@@ -146,13 +146,17 @@ func TestLeaseExpiredOnDuplicate(t *testing.T) {
 	})
 }
 
-// TestRenewHeartbeatKeepsKey: a holder renewing a 3 s lease keeps its key well past its first
+// TestRenewHeartbeatKeepsKey: a holder renewing a 10 s lease keeps its key well past its first
 // lease; once it stalls, the lease lapses, its late renew is refused with lease_expired and
 // changes nothing, and its late outcome still lands on its own operation (uncertain ->
-// succeeded is reconciliation, docs/reference.md §3). Time passes a second per heartbeat by
-// b.elapse, so no heartbeat can come late on a loaded machine (with wall-clock pauses a 1 s
-// lease did not fit a round under -race, twice).
-const heartbeatLease = 3
+// succeeded is reconciliation, docs/reference.md §3). Time passes heartbeatStep per heartbeat
+// by b.elapse, so a heartbeat comes late only if a round takes longer than the rest of the
+// lease in real time: with wall-clock pauses a 1 s lease did not fit a round under -race,
+// twice, and a 3 s lease with 1 s steps (2 s to spare) not once under a loaded CI.
+const (
+	heartbeatLease = 10
+	heartbeatStep  = 4 * time.Second
+)
 
 func TestRenewHeartbeatKeepsKey(t *testing.T) {
 	// Not parallel: its reaper passes would clear other tests' expired holds, which some
@@ -163,10 +167,10 @@ func TestRenewHeartbeatKeepsKey(t *testing.T) {
 		renew := func() (*Renewal, error) {
 			return b.adm.Renew(bg, b.p, acq.OperationID, RenewInput{OwnerToken: acq.OwnerToken, LeaseSeconds: heartbeatLease})
 		}
-		// Heartbeat a second apart until two first leases have passed, with reaper passes and
+		// Heartbeat heartbeatStep apart until two first leases have passed, with reaper passes and
 		// duplicates in between: the operation stays in_progress and held all along.
 		var elapsed time.Duration
-		for ; elapsed < 2*heartbeatLease*time.Second; elapsed += time.Second {
+		for ; elapsed < 2*heartbeatLease*time.Second; elapsed += heartbeatStep {
 			r, err := renew()
 			require.NoError(t, err)
 			require.Equal(t, acq.FencingToken, r.FencingToken)
@@ -178,7 +182,7 @@ func TestRenewHeartbeatKeepsKey(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, dup.Admitted)
 			require.Equal(t, StateInProgress, dup.Operation.State)
-			b.elapse(t, time.Second, key)
+			b.elapse(t, heartbeatStep, key)
 		}
 		// The holder stalls: once a lease passes, the duplicate finds it lapsed.
 		b.elapse(t, heartbeatLease*time.Second, key)
