@@ -170,6 +170,29 @@ func TestTenantIsolationMatrix(t *testing.T) {
 			}
 		}
 		matrix := map[string][]call{
+			// MCP (mcp.go) with A's API key: every tool answers about B's keys and operations as
+			// if they did not exist, and A's reconciliation queue does not list B's.
+			"POST /mcp": {{"/mcp", func(t *testing.T, path string) {
+				for _, c := range []struct {
+					tool, code string
+					args       map[string]any
+				}{
+					{"status", "not_found", map[string]any{"operation_id": heldID}},
+					{"status", "not_found", map[string]any{"operation_id": uncertainID, "wait_seconds": 1}},
+					{"status", "not_found", map[string]any{"key": w.marker + "held"}},
+					{"complete", "not_found", map[string]any{"operation_id": uncertainID, "owner_token": "ot_x", "status": "failed"}},
+					{"renew", "not_found", map[string]any{"operation_id": heldID, "owner_token": "ot_x", "lease_seconds": 5}},
+					{"release", "key_not_held", map[string]any{"key": w.marker + "held", "owner_token": "ot_x"}},
+					{"list_uncertain", "", map[string]any{}},
+				} {
+					raw, refused, out := mcpCallInProcess(t, f.s, api.key, c.tool, c.args)
+					noLeak(t, raw)
+					require.Equal(t, c.code != "", refused, raw)
+					if c.code != "" {
+						require.Equal(t, c.code, out["code"], raw)
+					}
+				}
+			}}},
 			"POST /v1/reconciliations": {
 				{"/v1/reconciliations", func(t *testing.T, path string) {
 					res := api.do("POST", path, map[string]any{"job_id": "a-job", "status": "failed", "note": "n",

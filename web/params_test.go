@@ -124,6 +124,7 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 			"operation_ids", w.opID, "status", "failed", "note", "n", "tenant", "", "reason", "", "before", "")},
 		"GET /reconciliation/jobs/:id": {path: "/reconciliation/jobs/" + w.opID, pathParams: []string{w.opID}},
 		"POST /v1/reconciliations":     {path: "/v1/reconciliations"},
+		"POST /mcp":                    {path: "/mcp"}, // mcp.go: refused by the middleware before the API key
 		"GET /audit":                   {path: "/audit", query: q("from", "2026-01-01", "to", "2026-12-31", "tenant", "x")},
 		"GET /audit.csv":               {path: "/audit.csv", query: q("from", "2026-01-01", "to", "2026-12-31", "tenant", "x")},
 		"GET /admin":                   {path: "/admin", query: q("done", "created")},

@@ -8,7 +8,7 @@ import (
 	"github.com/idemgate/idemgate/static"
 )
 
-// routes is the site map: every route of the service (docs/reference.md §4 and §5), in the order Fiber
+// routes is the site map: every route of the service (docs/reference.md §4, §5 and §13), in the order Fiber
 // matches them. Handlers live in the files named in the comments. The middleware New installs
 // with Use runs first for every request; everything else is attached per route, never with a
 // catch-all Use, so no dashboard middleware (sessions, CSRF) runs for the JSON API.
@@ -36,6 +36,9 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	v1.Get("/attempts", handleListAttempts(s.reads))
 	v1.Get("/policy", handlePolicy(s.policies))                   // api_policy.go
 	v1.Post(reconciliationsRoute, handleReconciliations(s.recon)) // api_reconciliations.go
+
+	// MCP (mcp.go): the admission calls as tools for AI agents, with the API key of /v1.
+	app.Post(mcpPath, mcpChallenge, identityEncoding, apiAuth(s.auth, s.authFails), s.handleMCP())
 
 	// The dashboard (dashboard*.go). One CSRF middleware protects every form; on a page it
 	// also issues the token of the page's forms, the sign-out form at least.

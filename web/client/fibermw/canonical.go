@@ -227,3 +227,10 @@ func allDigits(s string) bool {
 	}
 	return true
 }
+
+// CanonicalJSON is canonicalJSON for other request-identity rules that must agree with the
+// middleware's (idemgate mcp-gateway's fingerprint of a tool call's arguments, the server's
+// MCP admit tool): the canonical text of the JSON document doc, or an error when doc has none
+// (not JSON, invalid UTF-8, a lone surrogate escape, a duplicate member name, trailing data).
+// Callers then fingerprint the raw bytes, which can only make two requests differ.
+func CanonicalJSON(doc []byte) ([]byte, error) { return canonicalJSON(doc) }
