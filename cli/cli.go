@@ -75,6 +75,7 @@ func newRoot(env Env) *cobra.Command {
 		webhookCmd(env),
 		policyCmd(env),
 		proxyCmd(env),
+		mcpGatewayCmd(env),
 	)
 	// The environment variables (dozens of lines) follow the usage and the command list in
 	// the help of the two commands that serve, so the commands are what one sees first.

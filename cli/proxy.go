@@ -58,19 +58,9 @@ func proxyCmd(env Env) *cobra.Command {
 				return errors.New("IDEMGATE_API_KEY is not set: the proxy admits requests with an idemgate API key")
 			}
 			log := slog.New(slog.NewJSONHandler(env.Stderr, nil))
-			idem, err := client.New(idemgateURL, apiKey)
+			idem, err := idemgateClient(cmd.Context(), idemgateURL, apiKey, log, "keyed requests get 503")
 			if err != nil {
-				return fmt.Errorf("--idemgate: %w", err)
-			}
-			// A wrong API key would otherwise show only as 503s at the first requests.
-			cctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			_, err = idem.ListKeys(cctx, client.ListKeysOptions{Limit: 1})
-			cancel()
-			switch {
-			case errors.Is(err, client.ErrUnauthorized):
-				return fmt.Errorf("IDEMGATE_API_KEY is not accepted by idemgate at %s", idemgateURL)
-			case err != nil: // idemgate may come later; until then requests get 503
-				log.Warn("idemgate cannot be asked yet; keyed requests get 503 until it can", "idemgate", idemgateURL, "err", err)
+				return err
 			}
 			ops, err := proxy.ParseOperations(operations)
 			if err != nil {
@@ -122,14 +112,42 @@ func proxyCmd(env Env) *cobra.Command {
 	return cmd
 }
 
+// idemgateClient is the client of `proxy` and `mcp-gateway` for the idemgate server at url,
+// with apiKey checked at once: a wrong key would otherwise show only as refusals of the first
+// requests. An idemgate that cannot be asked yet is not an error (it may come later); log
+// hears what callers get meanwhile (until).
+func idemgateClient(ctx context.Context, url, apiKey string, log *slog.Logger, until string) (*client.Client, error) {
+	idem, err := client.New(url, apiKey)
+	if err != nil {
+		return nil, fmt.Errorf("--idemgate: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = idem.ListKeys(cctx, client.ListKeysOptions{Limit: 1})
+	cancel()
+	switch {
+	case errors.Is(err, client.ErrUnauthorized):
+		return nil, fmt.Errorf("IDEMGATE_API_KEY is not accepted by idemgate at %s", url)
+	case err != nil:
+		log.Warn("idemgate cannot be asked yet; "+until+" until it can", "idemgate", url, "err", err)
+	}
+	return idem, nil
+}
+
 // proxyFlagsFromEnv sets every flag not given on the command line from IDEMGATE_PROXY_<FLAG>.
 func proxyFlagsFromEnv(fs *pflag.FlagSet, getenv func(string) string) error {
+	return flagsFromEnv(fs, getenv, proxyEnvName)
+}
+
+// flagsFromEnv sets every flag of fs not given on the command line from the environment
+// variable envName(flag) (comma-separated for list flags), as `proxy` and `mcp-gateway` read
+// their configuration.
+func flagsFromEnv(fs *pflag.FlagSet, getenv func(string) string, envName func(string) string) error {
 	var err error
 	fs.VisitAll(func(fl *pflag.Flag) {
 		if fl.Name == "help" {
 			return
 		}
-		name := proxyEnvName(fl.Name)
+		name := envName(fl.Name)
 		if v := getenv(name); v != "" && !fl.Changed && err == nil {
 			if fl.Value.Type() == "stringSlice" || fl.Value.Type() == "intSlice" {
 				if sv, ok := fl.Value.(pflag.SliceValue); ok {

@@ -43,12 +43,12 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/idemgate/idemgate/web/client"
 	"github.com/idemgate/idemgate/web/client/fibermw"
+	"github.com/idemgate/idemgate/web/internal/forward"
 )
 
 // Problem codes of the proxy's own answers, besides fibermw's (fibermw.Code…).
@@ -444,7 +444,7 @@ func (h *handler) forward(c *fiber.Ctx) error {
 	copyRequestHeaders(c, req)
 	resp, err := h.client.Do(req)
 	if err != nil {
-		if notSent(err) {
+		if forward.NotSent(err) {
 			fibermw.NoEffect(c)
 			return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Gateway",
 				Status: fiber.StatusBadGateway, Code: CodeUpstreamUnreachable,
@@ -458,7 +458,7 @@ func (h *handler) forward(c *fiber.Ctx) error {
 		deadline.Stop()
 		streaming = true
 		copyResponseHeaders(c, resp)
-		c.Response().SetBodyStream(&closeCancels{ReadCloser: resp.Body, cancel: cancel}, int(resp.ContentLength))
+		c.Response().SetBodyStream(&forward.CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))
 		return nil
 	}
 	defer resp.Body.Close()
@@ -479,7 +479,7 @@ func (h *handler) forward(c *fiber.Ctx) error {
 func copyResponseHeaders(c *fiber.Ctx, resp *http.Response) {
 	c.Status(resp.StatusCode)
 	for name, vs := range resp.Header {
-		if hopByHop(name) || name == "Content-Length" {
+		if forward.HopByHop(name) || name == "Content-Length" {
 			continue
 		}
 		for _, v := range vs {
@@ -489,19 +489,6 @@ func copyResponseHeaders(c *fiber.Ctx, resp *http.Response) {
 	if resp.Header.Get("Content-Type") == "" {
 		c.Response().Header.SetNoDefaultContentType(true)
 	}
-}
-
-// closeCancels is a streamed answer's body: fasthttp closes it once it has sent the answer (or
-// the client went away), which ends the upstream request's context.
-type closeCancels struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b *closeCancels) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
 }
 
 func answerLost(c *fiber.Ctx) error {
@@ -516,7 +503,7 @@ func answerLost(c *fiber.Ctx) error {
 func copyRequestHeaders(c *fiber.Ctx, req *http.Request) {
 	c.Request().Header.VisitAll(func(k, v []byte) {
 		name := string(k)
-		if hopByHop(name) || admissionHeader(name) || strings.EqualFold(name, "Host") ||
+		if forward.HopByHop(name) || admissionHeader(name) || strings.EqualFold(name, "Host") ||
 			strings.EqualFold(name, "Content-Length") {
 			return
 		}
@@ -532,16 +519,6 @@ func copyRequestHeaders(c *fiber.Ctx, req *http.Request) {
 	req.Header.Set("X-Forwarded-Host", c.Hostname())
 	req.Header.Set("X-Forwarded-Proto", c.Protocol())
 	passAdmission(c, req.Header)
-}
-
-// hopByHop reports the headers of one connection (RFC 9110 §7.6.1), never forwarded.
-func hopByHop(name string) bool {
-	switch http.CanonicalHeaderKey(name) {
-	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te",
-		"Trailer", "Transfer-Encoding", "Upgrade":
-		return true
-	}
-	return false
 }
 
 // admissionHeader reports whether name is one of the proxy's Idempotency-* admission headers,
@@ -593,16 +570,4 @@ func passAdmission(c *fiber.Ctx, h http.Header) {
 			h.Set(HeaderPreviousReceipt, prev.Outcome.Receipt)
 		}
 	}
-}
-
-// notSent reports whether err means the request cannot have reached the upstream: the
-// connection was refused or could not be made in time. Anything else (a reset, a timeout
-// waiting for the answer, a connection closed before the first byte) may come after the
-// upstream read the request.
-func notSent(err error) bool {
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return true
-	}
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }

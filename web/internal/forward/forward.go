@@ -1,0 +1,50 @@
+// Package forward holds what idemgate's two forwarders (web/proxy, `idemgate proxy`, and
+// web/mcpgateway, `idemgate mcp-gateway`) must judge the same way about a request they pass
+// to an upstream: whether a failed request can have reached it, which headers belong to one
+// connection only, and how a streamed answer ends its request.
+package forward
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"syscall"
+)
+
+// NotSent reports whether err, from sending a request, means the request cannot have reached
+// the upstream: the connection was refused or could not be made in time. Anything else (a
+// reset, a timeout waiting for the answer, a connection closed before the first byte) may
+// come after the upstream read the request, so its effect is unknown.
+func NotSent(err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// HopByHop reports the headers of one connection (RFC 9110 §7.6.1), never forwarded.
+func HopByHop(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te",
+		"Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// CloseCancels is a streamed answer's body: fasthttp closes it once it has sent the answer (or
+// the client went away), which ends the upstream request's context through Cancel.
+type CloseCancels struct {
+	io.ReadCloser
+	Cancel context.CancelFunc
+}
+
+// Close closes the body, then cancels the request's context.
+func (b *CloseCancels) Close() error {
+	err := b.ReadCloser.Close()
+	b.Cancel()
+	return err
+}

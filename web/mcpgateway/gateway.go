@@ -1,0 +1,770 @@
+// Package mcpgateway is `idemgate mcp-gateway`: a gateway in front of any Model Context
+// Protocol server (streamable HTTP transport) that never lets a retried tool call repeat its
+// effect. docs/reference.md §13 "idemgate mcp-gateway" is its contract.
+//
+// It works on the JSON-RPC messages the client POSTs. A tools/call of a tool not marked
+// readOnlyHint that carries an idempotency key (params._meta["io.idemgate/key"], a configured
+// argument of that tool, or the idempotencyKey argument the gateway adds to the tool's input
+// schema in tools/list) is admitted through an idemgate server first:
+//   - the first call is forwarded once, and its CallToolResult recorded as the operation's
+//     outcome; a repeat gets that result again, with _meta["io.idemgate/replayed"]: true;
+//   - a repeat while the first runs waits for it (Config.Wait) and replays, or gets a tool
+//     error with code request_in_progress;
+//   - a call forwarded whose answer was lost (a reset, a timeout, a stream that ended without
+//     the response, a 5xx) leaves the operation uncertain, and it and every repeat get a tool
+//     error with code outcome_uncertain ("outcome unknown: verify before retrying"), never a
+//     second forward, until the operation is reconciled or its TTL ends;
+//   - the gateway's own tool errors carry {code, message, operation_id} in
+//     _meta["io.idemgate/error"] (MetaError), and as structuredContent for tools without an
+//     output schema;
+//   - the same key on another tool or other arguments gets a tool error with code
+//     fingerprint_mismatch.
+//
+// Everything else (other methods, read-only tools, calls without a key, GET and DELETE of the
+// session) passes through unchanged, but tools/list answers, whose guarded tools gain the
+// optional idempotencyKey input.
+package mcpgateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/google/uuid"
+	"github.com/idemgate/idemgate/web/client"
+	"github.com/idemgate/idemgate/web/client/fibermw"
+	"github.com/idemgate/idemgate/web/internal/forward"
+)
+
+// Names the gateway reads and writes in tool calls (docs/reference.md §13).
+const (
+	// MetaKey is the params._meta member that carries a call's idempotency key.
+	MetaKey = "io.idemgate/key"
+	// MetaReplayed is set to true in the _meta of a result replayed from the first call.
+	MetaReplayed = "io.idemgate/replayed"
+	// MetaOperation, MetaFencingToken and MetaPrevious are added to an admitted call's
+	// params._meta for the upstream: the idemgate operation id, its fencing token, and, when
+	// an earlier call with the key may have had its effect (docs/reference.md §4
+	// previous_operation), {"id", "state", "receipt"} of that call: check before acting.
+	MetaOperation    = "io.idemgate/operation_id"
+	MetaFencingToken = "io.idemgate/fencing_token"
+	MetaPrevious     = "io.idemgate/previous_operation"
+	// KeyArgument is the optional input the gateway adds to guarded tools in tools/list, and
+	// removes from the arguments before forwarding.
+	KeyArgument = "idempotencyKey"
+)
+
+// Codes of the gateway's tool errors (structuredContent.code), idemgate's where they mean the
+// same.
+const (
+	CodeOutcomeUncertain    = client.CodeOutcomeUncertain
+	CodeRequestInProgress   = "request_in_progress"
+	CodeFingerprintMismatch = client.CodeFingerprintMismatch
+	CodeKeyMissing          = "idempotency_key_missing"
+	CodeKeyInvalid          = "idempotency_key_invalid"
+	CodeStoreUnavailable    = client.CodeStoreUnavailable
+	CodeUpstreamUnreachable = "upstream_unreachable"
+	CodeResultUnavailable   = "result_unavailable"
+)
+
+// MaxMessageBytes bounds a POSTed JSON-RPC message and a guarded call's answer, which the
+// gateway reads whole.
+const MaxMessageBytes = 4 << 20
+
+// Config configures a gateway. Upstream and Client are required.
+type Config struct {
+	// Upstream is the MCP server's endpoint URL, e.g. http://127.0.0.1:3000/mcp.
+	Upstream string
+	// Client talks to idemgate; its API key decides the tenant.
+	Client *client.Client
+	// Path is where the gateway serves the endpoint. Default "/mcp".
+	Path string
+	// KeyArguments names, per tool, an argument of its own that carries the idempotency key
+	// (e.g. {"send_email": "request_id"}); it is forwarded as is, but left out of the
+	// fingerprint.
+	KeyArguments map[string]string
+	// RequireKey answers a guarded tool's call without a key with a tool error
+	// (idempotency_key_missing) instead of forwarding it unguarded.
+	RequireKey bool
+	// TTL is how long a key is held (whole seconds). Default 24 h. It must exceed
+	// UpstreamTimeout.
+	TTL time.Duration
+	// Wait is how long a repeat waits for a first call still running before it gets
+	// request_in_progress. Default 30 s; negative: no wait.
+	Wait time.Duration
+	// UpstreamTimeout bounds one guarded call at the upstream, from sending to its answer.
+	// Default 60 s. A call that hits it is uncertain.
+	UpstreamTimeout time.Duration
+	// Logger receives one line per guarded call and idemgate failures. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// New returns the gateway as a Fiber app. Errors: an Upstream that is not an absolute
+// http(s) URL, a nil Client, a TTL that is not whole seconds or not longer than
+// UpstreamTimeout.
+func New(cfg Config) (*fiber.App, error) {
+	u, err := url.Parse(cfg.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream %q: want an absolute http:// or https:// URL", cfg.Upstream)
+	}
+	if cfg.Client == nil {
+		return nil, errors.New("mcp-gateway: no idemgate client")
+	}
+	if cfg.Path == "" {
+		cfg.Path = "/mcp"
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = 24 * time.Hour
+	}
+	if cfg.Wait == 0 {
+		cfg.Wait = 30 * time.Second
+	}
+	if cfg.UpstreamTimeout <= 0 {
+		cfg.UpstreamTimeout = 60 * time.Second
+	}
+	if cfg.TTL%time.Second != 0 || cfg.TTL <= cfg.UpstreamTimeout {
+		return nil, fmt.Errorf("ttl %s: want whole seconds, more than the upstream timeout (%s)", cfg.TTL, cfg.UpstreamTimeout)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	g := &gateway{cfg: cfg, upstream: u, tools: map[string]toolInfo{}, http: &http.Client{
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 256,
+			IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext},
+	}}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true, BodyLimit: MaxMessageBytes,
+		ErrorHandler: func(c *fiber.Ctx, err error) error {
+			status := fiber.StatusBadRequest
+			var fe *fiber.Error
+			if errors.As(err, &fe) {
+				status = fe.Code
+			}
+			return c.Status(status).JSON(rpcError(nil, -32600, "The request could not be read: "+http.StatusText(status)))
+		}})
+	app.All(cfg.Path, g.handle)
+	return app, nil
+}
+
+type gateway struct {
+	cfg      Config
+	upstream *url.URL
+	http     *http.Client
+
+	mu    sync.Mutex
+	tools map[string]toolInfo // by tool name, from the last tools/list seen
+}
+
+// toolInfo is what the gateway knows of an upstream tool.
+type toolInfo struct {
+	readOnly bool
+	// declaresKey: its input schema has its own idempotencyKey, which is then forwarded.
+	declaresKey bool
+	// outputSchema: it declares one, so a structuredContent of the gateway's own errors would
+	// not match it (clients validate it even when isError is set: the TypeScript SDK does).
+	outputSchema bool
+}
+
+// message is a JSON-RPC 2.0 message as POSTed by the client.
+type message struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Method  string          `json:"method,omitempty"`
+	Params  json.RawMessage `json:"params,omitempty"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Error   json.RawMessage `json:"error,omitempty"`
+}
+
+func (g *gateway) handle(c *fiber.Ctx) error {
+	if c.Method() != fiber.MethodPost {
+		return g.passThrough(c, nil)
+	}
+	body := c.Body()
+	var msg message
+	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(body, &msg) != nil ||
+		len(msg.ID) == 0 {
+		return g.passThrough(c, body) // notifications, responses, batches, what the upstream must judge
+	}
+	switch msg.Method {
+	case "tools/list":
+		return g.toolsList(c, body, msg)
+	case "tools/call":
+		return g.toolsCall(c, body, msg)
+	}
+	return g.passThrough(c, body)
+}
+
+// send forwards body (nil: the request's own, streamed) to the upstream with the client's
+// headers (the session id, protocol version, Accept, Authorization) but hop-by-hop ones.
+func (g *gateway) send(ctx context.Context, c *fiber.Ctx, body []byte) (*http.Response, error) {
+	var r io.Reader = http.NoBody
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	target := *g.upstream
+	if q := c.Request().URI().QueryString(); len(q) > 0 {
+		target.RawQuery = string(q)
+	}
+	req, err := http.NewRequestWithContext(ctx, c.Method(), target.String(), r)
+	if err != nil {
+		return nil, err
+	}
+	req.GetBody = nil // never resent by net/http: a resend is a second effect
+	c.Request().Header.VisitAll(func(k, v []byte) {
+		if name := string(k); forward.HopByHop(name) || strings.EqualFold(name, "Host") || strings.EqualFold(name, "Content-Length") {
+			return
+		}
+		req.Header.Add(string(k), string(v))
+	})
+	return g.http.Do(req)
+}
+
+// passThrough forwards the request (body, or the request's own when nil) and streams the
+// answer back unchanged: the session's GET stream, DELETE, notifications, read-only tools,
+// calls without a key.
+func (g *gateway) passThrough(c *fiber.Ctx, body []byte) error {
+	if body == nil && c.Method() != fiber.MethodGet && c.Method() != fiber.MethodDelete {
+		body = c.Body()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := g.send(ctx, c, body)
+	if err != nil {
+		cancel()
+		return c.Status(fiber.StatusBadGateway).JSON(rpcError(nil, -32603, "The MCP server could not be reached."))
+	}
+	copyHeaders(c, resp)
+	c.Response().SetBodyStream(&forward.CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))
+	return nil
+}
+
+func copyHeaders(c *fiber.Ctx, resp *http.Response) {
+	c.Status(resp.StatusCode)
+	for name, vs := range resp.Header {
+		if forward.HopByHop(name) || name == "Content-Length" {
+			continue
+		}
+		for _, v := range vs {
+			c.Response().Header.Add(name, v)
+		}
+	}
+}
+
+// exchange sends one JSON-RPC request to the upstream and returns its response message (from
+// a JSON answer or an SSE stream, whichever the upstream chose), the HTTP answer's status and
+// headers, and whether the request may have been processed when no response came (sent).
+func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, body []byte, id json.RawMessage) (resp *message, hdr *http.Response, sent bool, err error) {
+	r, err := g.send(ctx, c, body)
+	if err != nil {
+		return nil, nil, !forward.NotSent(err), err
+	}
+	defer r.Body.Close()
+	if r.StatusCode < 200 || r.StatusCode > 299 {
+		// Kept for writeRefusal: a 4xx (a lost session, say) is passed on as it came.
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		return nil, r, r.StatusCode >= 500, fmt.Errorf("upstream answered %d", r.StatusCode)
+	}
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	limited := io.LimitReader(r.Body, MaxMessageBytes+1)
+	if mt == "text/event-stream" {
+		m, err := readSSEResponse(limited, id)
+		return m, r, true, err
+	}
+	raw, err := io.ReadAll(limited)
+	if err != nil || len(raw) > MaxMessageBytes {
+		return nil, r, true, errors.Join(errors.New("answer lost or over the limit"), err)
+	}
+	var m message
+	if err := json.Unmarshal(raw, &m); err != nil || !bytes.Equal(bytes.TrimSpace(m.ID), bytes.TrimSpace(id)) {
+		return nil, r, true, errors.New("the answer is not the call's JSON-RPC response")
+	}
+	return &m, r, true, nil
+}
+
+// readSSEResponse reads server-sent events until the JSON-RPC response whose id is id; the
+// notifications before it (progress, logging) are not passed on.
+func readSSEResponse(r io.Reader, id json.RawMessage) (*message, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), MaxMessageBytes)
+	var data bytes.Buffer
+	for {
+		more := sc.Scan()
+		line := sc.Text()
+		if !more || line == "" {
+			if data.Len() > 0 {
+				var m message
+				if json.Unmarshal(data.Bytes(), &m) == nil && (m.Result != nil || m.Error != nil) &&
+					bytes.Equal(bytes.TrimSpace(m.ID), bytes.TrimSpace(id)) {
+					return &m, nil
+				}
+				data.Reset()
+			}
+			if !more {
+				return nil, errors.Join(errors.New("the stream ended without the call's response"), sc.Err())
+			}
+			continue
+		}
+		if v, ok := strings.CutPrefix(line, "data:"); ok {
+			if data.Len() > 0 {
+				data.WriteByte('\n')
+			}
+			data.WriteString(strings.TrimPrefix(v, " "))
+		}
+	}
+}
+
+// toolsList forwards tools/list and rewrites its answer: each tool not marked readOnlyHint
+// gains the optional idempotencyKey input (unless it has a key argument of its own), and its
+// description says what the key does. What it learns of the tools is kept for tools/call.
+func (g *gateway) toolsList(c *fiber.Ctx, body []byte, msg message) error {
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
+	defer cancel()
+	resp, hdr, _, err := g.exchange(ctx, c, body, msg.ID)
+	switch {
+	case resp != nil && resp.Result == nil:
+		return g.writeMessage(c, hdr, resp) // the upstream's JSON-RPC error
+	case err != nil && hdr != nil && hdr.StatusCode >= 400:
+		return g.writeRefusal(c, hdr)
+	case err != nil:
+		return c.Status(fiber.StatusBadGateway).JSON(rpcError(msg.ID, -32603, "The MCP server could not be reached."))
+	}
+	rewritten, err := g.rewriteTools(resp.Result)
+	if err == nil {
+		resp.Result = rewritten
+	}
+	return g.writeMessage(c, hdr, resp)
+}
+
+// keyDescription is added to the description of every guarded tool.
+const keyDescription = " Idempotent through idemgate: pass a unique idempotencyKey (or _meta[\"io.idemgate/key\"]) " +
+	"per intended action, and the same key when retrying it. A retry then returns the first call's result " +
+	"(marked _meta[\"io.idemgate/replayed\"]) instead of acting again; if the first call's outcome is " +
+	"unknown, the retry gets an error saying so (code outcome_uncertain): verify before acting with a new key."
+
+func (g *gateway) rewriteTools(result json.RawMessage) (json.RawMessage, error) {
+	var res map[string]json.RawMessage
+	if err := json.Unmarshal(result, &res); err != nil {
+		return nil, err
+	}
+	var tools []map[string]json.RawMessage
+	if err := json.Unmarshal(res["tools"], &tools); err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, t := range tools {
+		var name string
+		_ = json.Unmarshal(t["name"], &name)
+		var ann struct {
+			ReadOnly bool `json:"readOnlyHint"`
+		}
+		_ = json.Unmarshal(t["annotations"], &ann)
+		var schema map[string]json.RawMessage
+		_ = json.Unmarshal(t["inputSchema"], &schema)
+		var props map[string]json.RawMessage
+		_ = json.Unmarshal(schema["properties"], &props)
+		_, declares := props[KeyArgument]
+		_, hasOutput := t["outputSchema"]
+		g.tools[name] = toolInfo{readOnly: ann.ReadOnly, declaresKey: declares, outputSchema: hasOutput}
+		if ann.ReadOnly {
+			continue
+		}
+		var desc string
+		_ = json.Unmarshal(t["description"], &desc)
+		t["description"], _ = json.Marshal(strings.TrimSpace(desc + keyDescription))
+		if _, own := g.cfg.KeyArguments[name]; own || declares || schema == nil {
+			continue
+		}
+		if props == nil {
+			props = map[string]json.RawMessage{}
+		}
+		props[KeyArgument], _ = json.Marshal(map[string]any{"type": "string", "minLength": 1,
+			"maxLength":   client.MaxKeyBytes,
+			"description": "Idempotency key of this action (idemgate): a new one per action, the same one on retries."})
+		schema["properties"], _ = json.Marshal(props)
+		t["inputSchema"], _ = json.Marshal(schema)
+	}
+	res["tools"], _ = json.Marshal(tools)
+	return json.Marshal(res)
+}
+
+// tool returns what is known of the upstream tool name, asking the upstream's tools/list
+// (with the client's session headers) when it has not been seen yet. An unknown tool is
+// guarded: guarding a read-only one costs a little, not guarding a writing one costs an
+// effect.
+func (g *gateway) tool(c *fiber.Ctx, name string) toolInfo {
+	g.mu.Lock()
+	t, ok := g.tools[name]
+	g.mu.Unlock()
+	if ok {
+		return t
+	}
+	var cursor string
+	for page := 0; page < 20; page++ {
+		params := map[string]any{}
+		if cursor != "" {
+			params["cursor"] = cursor
+		}
+		id, _ := json.Marshal("idemgate-gateway-" + uuid.NewString())
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "method": "tools/list", "params": params})
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
+		resp, _, _, err := g.exchange(ctx, c, body, id)
+		cancel()
+		if err != nil || resp.Result == nil {
+			break
+		}
+		if _, err := g.rewriteTools(resp.Result); err != nil {
+			break
+		}
+		var next struct {
+			NextCursor string `json:"nextCursor"`
+		}
+		_ = json.Unmarshal(resp.Result, &next)
+		if cursor = next.NextCursor; cursor == "" {
+			break
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tools[name]
+}
+
+// callParams are a tools/call's params, the parts the gateway reads.
+type callParams struct {
+	Name      string                     `json:"name"`
+	Arguments map[string]json.RawMessage `json:"arguments,omitempty"`
+	Meta      map[string]json.RawMessage `json:"_meta,omitempty"`
+}
+
+func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
+	var p callParams
+	if err := json.Unmarshal(msg.Params, &p); err != nil || p.Name == "" {
+		return g.passThrough(c, body) // the upstream answers malformed calls
+	}
+	t := g.tool(c, p.Name)
+	if t.readOnly {
+		return g.passThrough(c, body)
+	}
+	key, found, err := g.key(&p, t)
+	switch {
+	case err != nil:
+		return g.toolError(c, msg.ID, t, CodeKeyInvalid, err.Error(), "")
+	case !found && g.cfg.RequireKey:
+		return g.toolError(c, msg.ID, t, CodeKeyMissing,
+			"This tool call needs an idempotency key: pass idempotencyKey (or _meta[\"io.idemgate/key\"]), a new one per action.", "")
+	case !found:
+		return g.passThrough(c, body)
+	}
+	req := client.AcquireRequest{Key: "mcp|" + key, TTL: g.cfg.TTL, Fingerprint: fingerprint(p.Name, p.Arguments),
+		Operation: operationName(p.Name), Metadata: map[string]string{"tool": p.Name}}
+	ctx := context.Background()
+	waitUntil := time.Now().Add(max(g.cfg.Wait, 0))
+	for {
+		res, err := g.cfg.Client.Acquire(ctx, req)
+		switch {
+		case errors.Is(err, client.ErrFingerprintMismatch):
+			return g.toolError(c, msg.ID, t, CodeFingerprintMismatch,
+				"This idempotency key was used for another tool call (another tool or other arguments); use a new key for a new action.", "")
+		case errors.Is(err, client.ErrOutcomeUncertain):
+			var pr *client.Problem
+			opID := ""
+			if errors.As(err, &pr) && pr.Operation != nil {
+				opID = pr.Operation.ID
+			}
+			return g.unknownOutcome(c, msg.ID, t, opID)
+		case errors.Is(err, client.ErrInvalidRequest):
+			return g.toolError(c, msg.ID, t, CodeKeyInvalid, "The idempotency key is not usable: "+err.Error(), "")
+		case err != nil:
+			g.cfg.Logger.Warn("idemgate cannot be asked; the call was not forwarded", "tool", p.Name, "err", err)
+			return g.toolError(c, msg.ID, t, CodeStoreUnavailable,
+				"The idempotency service cannot be reached, so the call was not forwarded. Retry later with the same key.", "")
+		case res.Duplicate != nil:
+			op, again := g.await(ctx, res.Duplicate, waitUntil)
+			if again {
+				req.AttemptID = ""
+				continue
+			}
+			return g.duplicate(c, msg.ID, t, op)
+		}
+		return g.admitted(c, msg, p, t, res.Admitted)
+	}
+}
+
+// key finds the call's idempotency key: _meta["io.idemgate/key"], else the tool's configured
+// argument, else the idempotencyKey argument the gateway added (removed from the arguments
+// here, so the upstream gets the call it declared). The key argument is left out of the
+// fingerprint either way.
+func (g *gateway) key(p *callParams, t toolInfo) (key string, found bool, err error) {
+	take := func(raw json.RawMessage, where string) (string, bool, error) {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil || s == "" || len(s) > client.MaxKeyBytes {
+			return "", false, fmt.Errorf("the idempotency key in %s must be a string of 1 to %d bytes", where, client.MaxKeyBytes)
+		}
+		return s, true, nil
+	}
+	if raw, ok := p.Meta[MetaKey]; ok {
+		key, found, err = take(raw, `_meta["`+MetaKey+`"]`)
+	}
+	if arg, ok := g.cfg.KeyArguments[p.Name]; ok {
+		if raw, ok := p.Arguments[arg]; ok && !found && err == nil {
+			key, found, err = take(raw, "the argument "+arg)
+		}
+		return key, found, err
+	}
+	if raw, ok := p.Arguments[KeyArgument]; ok && !t.declaresKey {
+		delete(p.Arguments, KeyArgument)
+		if !found && err == nil {
+			key, found, err = take(raw, "the argument "+KeyArgument)
+		}
+	}
+	return key, found, err
+}
+
+// fingerprint identifies a call: the tool's name and its arguments in canonical JSON
+// (fibermw.CanonicalJSON: member order and white space do not matter, numbers compare
+// exactly), without the configured key argument.
+func fingerprint(name string, args map[string]json.RawMessage) string {
+	raw, _ := json.Marshal(args)
+	if canon, err := fibermw.CanonicalJSON(raw); err == nil {
+		raw = canon
+	}
+	h := sha256.New()
+	h.Write([]byte(name))
+	h.Write([]byte{0})
+	h.Write(raw)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// operationName is the tool's name as an idemgate operation name when it is one (1–64
+// characters of [A-Za-z0-9._:-]), else "".
+func operationName(tool string) string {
+	if tool == "" || len(tool) > client.MaxOperationNameChars {
+		return ""
+	}
+	for _, r := range tool {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return ""
+		}
+	}
+	return tool
+}
+
+// await waits, until waitUntil, for the holder op to end; again reports the key may be free
+// (released, or its hold ended without an outcome): acquire again.
+func (g *gateway) await(ctx context.Context, op *client.Operation, waitUntil time.Time) (_ *client.Operation, again bool) {
+	for op.State == client.StateInProgress || op.State == client.StateReleased {
+		if op.State == client.StateReleased || !op.Held {
+			return op, time.Now().Before(waitUntil)
+		}
+		left := time.Until(waitUntil)
+		if left <= 0 {
+			return op, false
+		}
+		asked := time.Now()
+		d, err := g.cfg.Client.WaitOperation(ctx, op.ID, left)
+		if err != nil {
+			return op, false
+		}
+		op = &d.Operation
+		if op.State == client.StateInProgress && time.Since(asked) < 100*time.Millisecond {
+			time.Sleep(100*time.Millisecond - time.Since(asked)) // a server without long polls: no busy loop
+		}
+	}
+	return op, false
+}
+
+// duplicate answers a repeat of a call whose first one holds or held the key.
+func (g *gateway) duplicate(c *fiber.Ctx, id json.RawMessage, t toolInfo, op *client.Operation) error {
+	switch {
+	case op.State == client.StateUncertain:
+		return g.unknownOutcome(c, id, t, op.ID)
+	case op.State == client.StateInProgress:
+		return g.toolError(c, id, t, CodeRequestInProgress,
+			"The first call with this idempotency key is still running; retry later with the same key.", op.ID)
+	case op.Outcome == nil || len(op.Outcome.Response) == 0 || string(op.Outcome.Response) == "null":
+		return g.toolError(c, id, t, CodeResultUnavailable,
+			"The first call with this idempotency key ended ("+op.State+"), but its result was not kept.", op.ID)
+	}
+	var result map[string]json.RawMessage
+	if err := json.Unmarshal(op.Outcome.Response, &result); err != nil {
+		return g.toolError(c, id, t, CodeResultUnavailable, "The first call's stored result is not a tool result.", op.ID)
+	}
+	var meta map[string]json.RawMessage
+	_ = json.Unmarshal(result["_meta"], &meta)
+	if meta == nil {
+		meta = map[string]json.RawMessage{}
+	}
+	meta[MetaReplayed] = json.RawMessage("true")
+	result["_meta"], _ = json.Marshal(meta)
+	raw, _ := json.Marshal(result)
+	g.cfg.Logger.Info("tool call", "decision", "replayed", "operation_id", op.ID)
+	return g.writeMessage(c, nil, &message{JSONRPC: "2.0", ID: id, Result: raw})
+}
+
+// admitted forwards an admitted call once and records what came back (docs/reference.md §13):
+// a result is the outcome, replayed to repeats; a JSON-RPC error or a 4xx means the tool did
+// not run (the key is released); anything else after the call left is uncertain.
+func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, adm *client.Admission) error {
+	if p.Meta == nil {
+		p.Meta = map[string]json.RawMessage{}
+	}
+	p.Meta[MetaOperation], _ = json.Marshal(adm.OperationID)
+	p.Meta[MetaFencingToken], _ = json.Marshal(adm.FencingToken)
+	if prev := adm.PreviousOperation; prev != nil {
+		warn := map[string]any{"id": prev.ID, "state": prev.State}
+		if prev.Outcome != nil && prev.Outcome.Receipt != "" {
+			warn["receipt"] = prev.Outcome.Receipt
+		}
+		p.Meta[MetaPrevious], _ = json.Marshal(warn)
+	}
+	params, _ := json.Marshal(p)
+	msg.Params = params
+	body, _ := json.Marshal(msg)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
+	resp, hdr, sent, err := g.exchange(ctx, c, body, msg.ID)
+	cancel()
+	log := g.cfg.Logger.With("tool", p.Name, "operation_id", adm.OperationID, "fencing_token", adm.FencingToken,
+		"duration_ms", time.Since(start).Milliseconds())
+	if adm.PreviousOperation != nil {
+		log = log.With("previous_operation", adm.PreviousOperation.ID, "previous_state", adm.PreviousOperation.State)
+	}
+	switch {
+	case err != nil && !sent:
+		g.record(adm, client.StatusFailed, nil, "not forwarded: "+err.Error())
+		if hdr != nil { // a 4xx: the upstream refused the request (a lost session, say); the client handles it
+			log.Info("tool call", "decision", "refused by the upstream", "status", hdr.StatusCode)
+			return g.writeRefusal(c, hdr)
+		}
+		log.Warn("tool call", "decision", "upstream unreachable", "err", err)
+		return g.toolError(c, msg.ID, t, CodeUpstreamUnreachable,
+			"The MCP server could not be reached; the call was not sent. Retry with the same key.", adm.OperationID)
+	case err != nil:
+		g.record(adm, client.StatusUncertain, nil, "answer lost: "+err.Error())
+		log.Warn("tool call", "decision", "answer lost: uncertain", "err", err)
+		return g.unknownOutcome(c, msg.ID, t, adm.OperationID)
+	case resp.Error != nil:
+		g.record(adm, client.StatusFailed, nil, "the upstream answered a JSON-RPC error")
+		log.Info("tool call", "decision", "JSON-RPC error: released")
+		return g.writeMessage(c, hdr, resp)
+	}
+	g.record(adm, client.StatusSucceeded, resp.Result, "")
+	level := slog.LevelInfo
+	if adm.PreviousOperation != nil {
+		level = slog.LevelWarn
+	}
+	log.Log(context.Background(), level, "tool call", "decision", "forwarded")
+	return g.writeMessage(c, hdr, resp)
+}
+
+// record writes an admitted call's outcome, retrying a short idemgate outage (an outcome not
+// recorded leaves the key in progress until its TTL). A result over idemgate's 64 KiB limit is
+// recorded without it: repeats then get result_unavailable, never a second run.
+func (g *gateway) record(adm *client.Admission, status string, result json.RawMessage, note string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if len(note) > 900 {
+		note = note[:900]
+	}
+	req := client.OutcomeRequest{OwnerToken: adm.OwnerToken, Status: status, Note: note, Release: status == client.StatusFailed}
+	if result != nil {
+		req.Response = result
+	}
+	_, err := g.cfg.Client.RecordOutcome(ctx, adm.OperationID, req)
+	for wait := 250 * time.Millisecond; client.Temporary(err) && ctx.Err() == nil; wait = min(2*wait, 2*time.Second) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			_, err = g.cfg.Client.RecordOutcome(ctx, adm.OperationID, req)
+		}
+	}
+	if errors.Is(err, client.ErrPayloadTooLarge) {
+		req.Response = nil
+		_, err = g.cfg.Client.RecordOutcome(ctx, adm.OperationID, req)
+	}
+	if err != nil && !(status == client.StatusUncertain && errors.Is(err, client.ErrInvalidTransition)) {
+		g.cfg.Logger.Error("idemgate: could not record the tool call's outcome; its key stays in progress until the TTL",
+			"operation_id", adm.OperationID, "status", status, "err", err)
+	}
+}
+
+// writeMessage answers with one JSON-RPC message as application/json, keeping the upstream's
+// session id header when there was an upstream answer.
+func (g *gateway) writeMessage(c *fiber.Ctx, hdr *http.Response, m *message) error {
+	m.JSONRPC = "2.0"
+	if hdr != nil {
+		if sid := hdr.Header.Get("Mcp-Session-Id"); sid != "" {
+			c.Set("Mcp-Session-Id", sid)
+		}
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(fiber.StatusOK).Send(raw)
+}
+
+// writeRefusal passes on an upstream's refusal of the call (4xx) with its status and headers.
+func (g *gateway) writeRefusal(c *fiber.Ctx, hdr *http.Response) error {
+	copyHeaders(c, hdr)
+	b, _ := io.ReadAll(hdr.Body) // exchange kept it in memory
+	return c.Send(b)
+}
+
+// MetaError is the _meta member of the gateway's own tool errors: {code, message,
+// operation_id?}, for programs; the message is also the text content, for models.
+const MetaError = "io.idemgate/error"
+
+// toolError answers a call to tool t with a tool error (isError: true): the message as text
+// content, {code, message, operation_id?} in _meta["io.idemgate/error"], and the same as
+// structuredContent unless t declares an output schema, which it would not match (the
+// TypeScript SDK's client validates structuredContent against it even on errors, and turns a
+// mismatch into a protocol error that hides the code).
+func (g *gateway) toolError(c *fiber.Ctx, id json.RawMessage, t toolInfo, code, text, operationID string) error {
+	detail := map[string]any{"code": code, "message": text}
+	if operationID != "" {
+		detail["operation_id"] = operationID
+	}
+	res := map[string]any{
+		"content": []map[string]string{{"type": "text", "text": text}},
+		"_meta":   map[string]any{MetaError: detail},
+		"isError": true,
+	}
+	if !t.outputSchema {
+		res["structuredContent"] = detail
+	}
+	result, _ := json.Marshal(res)
+	return g.writeMessage(c, nil, &message{ID: id, Result: result})
+}
+
+// unknownOutcome is the answer of a call whose first forward's outcome is unknown.
+func (g *gateway) unknownOutcome(c *fiber.Ctx, id json.RawMessage, t toolInfo, operationID string) error {
+	return g.toolError(c, id, t, CodeOutcomeUncertain,
+		"Outcome unknown: verify before retrying. A call with this idempotency key was sent to the tool, but its "+
+			"answer was lost, so it may have taken effect. It is not sent again with this key until an operator "+
+			"reconciles it; check whether the action happened before acting with a new key.", operationID)
+}
+
+// rpcError is a JSON-RPC error response.
+func rpcError(id json.RawMessage, code int, text string) map[string]any {
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	return map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": text}}
+}
