@@ -22,8 +22,9 @@ import (
 func mcpGatewayCmd(env Env) *cobra.Command {
 	var (
 		listen, upstream, idemgateURL, path string
+		callerHeader                        string
 		keyArgs                             []string
-		requireKey                          bool
+		requireKey, replayToolErrors        bool
 		ttl, wait, timeout                  time.Duration
 	)
 	cmd := &cobra.Command{
@@ -62,7 +63,7 @@ func mcpGatewayCmd(env Env) *cobra.Command {
 				return err
 			}
 			app, err := mcpgateway.New(mcpgateway.Config{Upstream: upstream, Client: idem, Path: path, KeyArguments: args,
-				RequireKey: requireKey, TTL: ttl, Wait: wait, UpstreamTimeout: timeout, Logger: log})
+				RequireKey: requireKey, CallerHeader: callerHeader, ReplayToolErrors: replayToolErrors, TTL: ttl, Wait: wait, UpstreamTimeout: timeout, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -94,7 +95,9 @@ func mcpGatewayCmd(env Env) *cobra.Command {
 	f.StringVar(&path, "path", "/mcp", "the path the gateway serves the endpoint at")
 	f.StringSliceVar(&keyArgs, "key-argument", nil, "TOOL=ARGUMENT: an argument of the tool's own that carries its idempotency key")
 	f.BoolVar(&requireKey, "require-key", false, "answer a guarded tool call without a key with an error instead of forwarding it")
-	f.DurationVar(&ttl, "ttl", 24*time.Hour, "how long a key is held (whole seconds); repeats within it replay")
+	f.StringVar(&callerHeader, "caller-header", "", "scope keys by a hash of this request header too, e.g. Authorization (else all callers share keys)")
+	f.BoolVar(&replayToolErrors, "replay-tool-errors", false, "record a tool error (isError) as the outcome and replay it (default: release the key)")
+	f.DurationVar(&ttl, "ttl", 24*time.Hour, "how long a key is held (whole seconds, more than --upstream-timeout); repeats within it replay")
 	f.DurationVar(&wait, "wait", 30*time.Second, "how long a repeat waits for a first call still running")
 	f.DurationVar(&timeout, "upstream-timeout", 60*time.Second, "bound of one guarded call; past it the outcome is unknown")
 	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [$" + mcpGatewayEnvName(fl.Name) + "]" })

@@ -80,6 +80,7 @@ const (
 	CodeStoreUnavailable    = client.CodeStoreUnavailable
 	CodeUpstreamUnreachable = "upstream_unreachable"
 	CodeResultUnavailable   = "result_unavailable"
+	CodeOperationFailed     = "operation_failed"
 )
 
 // MaxMessageBytes bounds a POSTed JSON-RPC message and a guarded call's answer, which the
@@ -101,6 +102,16 @@ type Config struct {
 	// RequireKey answers a guarded tool's call without a key with a tool error
 	// (idempotency_key_missing) instead of forwarding it unguarded.
 	RequireKey bool
+	// CallerHeader, when set (e.g. "Authorization"), scopes keys by the SHA-256 of that
+	// request header's value as well, so two callers' equal keys are two keys and one caller
+	// never gets another's result replayed.
+	CallerHeader string
+	// ReplayToolErrors records a result with isError: true as the call's outcome, replayed to
+	// repeats, like any result. By default such a result (arguments the tool refused, an
+	// unknown tool: SDKs answer those as tool errors, not JSON-RPC errors) releases the key,
+	// so the corrected or repeated call runs: a tool that reports an error is taken at its
+	// word that it did not act.
+	ReplayToolErrors bool
 	// TTL is how long a key is held (whole seconds). Default 24 h. It must exceed
 	// UpstreamTimeout.
 	TTL time.Duration
@@ -270,7 +281,10 @@ func copyHeaders(c *fiber.Ctx, resp *http.Response) {
 func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, body []byte, id json.RawMessage) (resp *message, hdr *http.Response, sent bool, err error) {
 	r, err := g.send(ctx, c, body)
 	if err != nil {
-		return nil, nil, !forward.NotSent(err), err
+		if forward.NotSent(err) {
+			return nil, nil, false, err
+		}
+		return nil, nil, true, lostAnswer(ctx, "the connection failed", err)
 	}
 	defer r.Body.Close()
 	if r.StatusCode < 200 || r.StatusCode > 299 {
@@ -283,11 +297,14 @@ func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, body []byte, id js
 	limited := io.LimitReader(r.Body, MaxMessageBytes+1)
 	if mt == "text/event-stream" {
 		m, err := readSSEResponse(limited, id)
+		if err != nil {
+			err = lostAnswer(ctx, "the stream ended without the call's response", err)
+		}
 		return m, r, true, err
 	}
 	raw, err := io.ReadAll(limited)
 	if err != nil || len(raw) > MaxMessageBytes {
-		return nil, r, true, errors.Join(errors.New("answer lost or over the limit"), err)
+		return nil, r, true, lostAnswer(ctx, "the answer was cut or is over the limit", err)
 	}
 	var m message
 	if err := json.Unmarshal(raw, &m); err != nil || !bytes.Equal(bytes.TrimSpace(m.ID), bytes.TrimSpace(id)) {
@@ -315,7 +332,10 @@ func readSSEResponse(r io.Reader, id json.RawMessage) (*message, error) {
 				data.Reset()
 			}
 			if !more {
-				return nil, errors.Join(errors.New("the stream ended without the call's response"), sc.Err())
+				if err := sc.Err(); err != nil {
+					return nil, err
+				}
+				return nil, errors.New("the stream ended without the call's response")
 			}
 			continue
 		}
@@ -326,6 +346,17 @@ func readSSEResponse(r io.Reader, id json.RawMessage) (*message, error) {
 			data.WriteString(strings.TrimPrefix(v, " "))
 		}
 	}
+}
+
+// lostAnswer names why no answer came: the upstream timeout, or what went wrong reading.
+func lostAnswer(ctx context.Context, what string, err error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errors.New("no answer within the upstream timeout")
+	}
+	if err != nil && err.Error() != what {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return errors.New(what)
 }
 
 // toolsList forwards tools/list and rewrites its answer: each tool not marked readOnlyHint
@@ -457,20 +488,26 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 		return g.passThrough(c, body) // the upstream answers malformed calls
 	}
 	t := g.tool(c, p.Name)
+	log := g.cfg.Logger.With("tool", p.Name)
 	if t.readOnly {
 		return g.passThrough(c, body)
 	}
 	key, found, err := g.key(&p, t)
 	switch {
 	case err != nil:
-		return g.toolError(c, msg.ID, t, CodeKeyInvalid, err.Error(), "")
+		return g.refuse(c, log, msg.ID, t, CodeKeyInvalid, err.Error(), "")
 	case !found && g.cfg.RequireKey:
-		return g.toolError(c, msg.ID, t, CodeKeyMissing,
+		return g.refuse(c, log, msg.ID, t, CodeKeyMissing,
 			"This tool call needs an idempotency key: pass idempotencyKey (or _meta[\"io.idemgate/key\"]), a new one per action.", "")
 	case !found:
 		return g.passThrough(c, body)
 	}
-	req := client.AcquireRequest{Key: "mcp|" + key, TTL: g.cfg.TTL, Fingerprint: fingerprint(p.Name, p.Arguments),
+	scope := "mcp"
+	if v := c.Get(g.cfg.CallerHeader); g.cfg.CallerHeader != "" && v != "" {
+		sum := sha256.Sum256([]byte(v))
+		scope += " caller=" + hex.EncodeToString(sum[:8])
+	}
+	req := client.AcquireRequest{Key: scope + "|" + key, TTL: g.cfg.TTL, Fingerprint: fingerprint(p.Name, p.Arguments),
 		Operation: operationName(p.Name), Metadata: map[string]string{"tool": p.Name}}
 	ctx := context.Background()
 	waitUntil := time.Now().Add(max(g.cfg.Wait, 0))
@@ -478,7 +515,7 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 		res, err := g.cfg.Client.Acquire(ctx, req)
 		switch {
 		case errors.Is(err, client.ErrFingerprintMismatch):
-			return g.toolError(c, msg.ID, t, CodeFingerprintMismatch,
+			return g.refuse(c, log, msg.ID, t, CodeFingerprintMismatch,
 				"This idempotency key was used for another tool call (another tool or other arguments); use a new key for a new action.", "")
 		case errors.Is(err, client.ErrOutcomeUncertain):
 			var pr *client.Problem
@@ -486,12 +523,12 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 			if errors.As(err, &pr) && pr.Operation != nil {
 				opID = pr.Operation.ID
 			}
-			return g.unknownOutcome(c, msg.ID, t, opID)
+			return g.refuse(c, log, msg.ID, t, CodeOutcomeUncertain, unknownOutcomeText, opID)
 		case errors.Is(err, client.ErrInvalidRequest):
-			return g.toolError(c, msg.ID, t, CodeKeyInvalid, "The idempotency key is not usable: "+err.Error(), "")
+			return g.refuse(c, log, msg.ID, t, CodeKeyInvalid, "The idempotency key is not usable: "+err.Error(), "")
 		case err != nil:
-			g.cfg.Logger.Warn("idemgate cannot be asked; the call was not forwarded", "tool", p.Name, "err", err)
-			return g.toolError(c, msg.ID, t, CodeStoreUnavailable,
+			log.Warn("idemgate cannot be asked; the call was not forwarded", "err", err)
+			return g.refuse(c, log, msg.ID, t, CodeStoreUnavailable,
 				"The idempotency service cannot be reached, so the call was not forwarded. Retry later with the same key.", "")
 		case res.Duplicate != nil:
 			op, again := g.await(ctx, res.Duplicate, waitUntil)
@@ -499,7 +536,7 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 				req.AttemptID = ""
 				continue
 			}
-			return g.duplicate(c, msg.ID, t, op)
+			return g.duplicate(c, log, msg.ID, t, op)
 		}
 		return g.admitted(c, msg, p, t, res.Admitted)
 	}
@@ -589,20 +626,27 @@ func (g *gateway) await(ctx context.Context, op *client.Operation, waitUntil tim
 }
 
 // duplicate answers a repeat of a call whose first one holds or held the key.
-func (g *gateway) duplicate(c *fiber.Ctx, id json.RawMessage, t toolInfo, op *client.Operation) error {
+func (g *gateway) duplicate(c *fiber.Ctx, log *slog.Logger, id json.RawMessage, t toolInfo, op *client.Operation) error {
 	switch {
 	case op.State == client.StateUncertain:
-		return g.unknownOutcome(c, id, t, op.ID)
+		return g.refuse(c, log, id, t, CodeOutcomeUncertain, unknownOutcomeText, op.ID)
 	case op.State == client.StateInProgress:
-		return g.toolError(c, id, t, CodeRequestInProgress,
+		return g.refuse(c, log, id, t, CodeRequestInProgress,
 			"The first call with this idempotency key is still running; retry later with the same key.", op.ID)
+	case op.State == client.StateFailed:
+		// Reconciled failed by an operator (a failure the gateway saw released the key): the
+		// key stays held until the operator releases it or the TTL ends.
+		return g.refuse(c, log, id, t, CodeOperationFailed,
+			"The first call with this idempotency key was found not to have taken effect (reconciled failed), "+
+				"but its key is still held: use a new key to act, or ask an operator to release this one.", op.ID)
 	case op.Outcome == nil || len(op.Outcome.Response) == 0 || string(op.Outcome.Response) == "null":
-		return g.toolError(c, id, t, CodeResultUnavailable,
-			"The first call with this idempotency key ended ("+op.State+"), but its result was not kept.", op.ID)
+		return g.refuse(c, log, id, t, CodeResultUnavailable,
+			"The first call with this idempotency key took effect ("+op.State+"), but its result was not kept "+
+				"(over 64 KiB, or confirmed by an operator after its answer was lost): do not act again.", op.ID)
 	}
 	var result map[string]json.RawMessage
 	if err := json.Unmarshal(op.Outcome.Response, &result); err != nil {
-		return g.toolError(c, id, t, CodeResultUnavailable, "The first call's stored result is not a tool result.", op.ID)
+		return g.refuse(c, log, id, t, CodeResultUnavailable, "The first call's stored result is not a tool result.", op.ID)
 	}
 	var meta map[string]json.RawMessage
 	_ = json.Unmarshal(result["_meta"], &meta)
@@ -612,7 +656,7 @@ func (g *gateway) duplicate(c *fiber.Ctx, id json.RawMessage, t toolInfo, op *cl
 	meta[MetaReplayed] = json.RawMessage("true")
 	result["_meta"], _ = json.Marshal(meta)
 	raw, _ := json.Marshal(result)
-	g.cfg.Logger.Info("tool call", "decision", "replayed", "operation_id", op.ID)
+	log.Info("tool call", "decision", "replayed", "operation_id", op.ID, "fencing_token", op.FencingToken)
 	return g.writeMessage(c, nil, &message{JSONRPC: "2.0", ID: id, Result: raw})
 }
 
@@ -662,6 +706,10 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 		g.record(adm, client.StatusFailed, nil, "the upstream answered a JSON-RPC error")
 		log.Info("tool call", "decision", "JSON-RPC error: released")
 		return g.writeMessage(c, hdr, resp)
+	case !g.cfg.ReplayToolErrors && isToolError(resp.Result):
+		g.record(adm, client.StatusFailed, nil, "the tool answered an error (isError)")
+		log.Info("tool call", "decision", "tool error: released")
+		return g.writeMessage(c, hdr, resp)
 	}
 	g.record(adm, client.StatusSucceeded, resp.Result, "")
 	level := slog.LevelInfo
@@ -670,6 +718,14 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 	}
 	log.Log(context.Background(), level, "tool call", "decision", "forwarded")
 	return g.writeMessage(c, hdr, resp)
+}
+
+// isToolError reports whether a tools/call result says isError: true.
+func isToolError(result json.RawMessage) bool {
+	var r struct {
+		IsError bool `json:"isError"`
+	}
+	return json.Unmarshal(result, &r) == nil && r.IsError
 }
 
 // record writes an admitted call's outcome, retrying a short idemgate outage (an outcome not
@@ -753,12 +809,20 @@ func (g *gateway) toolError(c *fiber.Ctx, id json.RawMessage, t toolInfo, code, 
 	return g.writeMessage(c, nil, &message{ID: id, Result: result})
 }
 
+// unknownOutcomeText is the message of outcome_uncertain.
+const unknownOutcomeText = "Outcome unknown: verify before retrying. A call with this idempotency key was sent to the " +
+	"tool, but its answer was lost, so it may have taken effect. It is not sent again with this key; check whether " +
+	"the action happened before acting with a new key."
+
 // unknownOutcome is the answer of a call whose first forward's outcome is unknown.
 func (g *gateway) unknownOutcome(c *fiber.Ctx, id json.RawMessage, t toolInfo, operationID string) error {
-	return g.toolError(c, id, t, CodeOutcomeUncertain,
-		"Outcome unknown: verify before retrying. A call with this idempotency key was sent to the tool, but its "+
-			"answer was lost, so it may have taken effect. It is not sent again with this key until an operator "+
-			"reconciles it; check whether the action happened before acting with a new key.", operationID)
+	return g.toolError(c, id, t, CodeOutcomeUncertain, unknownOutcomeText, operationID)
+}
+
+// refuse answers a guarded call with the gateway's tool error code, and logs the decision.
+func (g *gateway) refuse(c *fiber.Ctx, log *slog.Logger, id json.RawMessage, t toolInfo, code, text, operationID string) error {
+	log.Info("tool call", "decision", code, "operation_id", operationID)
+	return g.toolError(c, id, t, code, text, operationID)
 }
 
 // rpcError is a JSON-RPC error response.

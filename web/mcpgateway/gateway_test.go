@@ -166,11 +166,26 @@ func TestGatewaySemantics(t *testing.T) {
 			call(t, gw, "send_email", map[string]any{"to": bare, "subject": "hi"}, nil)
 			require.Equal(t, 2, readUpstream(t, upstream).Effects[bare], "unguarded without a key")
 
-			// An unknown tool: the upstream's JSON-RPC error (or tool error) reaches the caller,
-			// and the key is released, so the corrected call runs.
-			res, rpcErr := rpc(t, gw, "tools/call", map[string]any{"name": "no_such_tool", "arguments": map[string]any{},
-				"_meta": map[string]any{mcpgateway.MetaKey: "k-unknown-" + mode}})
-			require.True(t, rpcErr != nil || res["isError"] == true, "%v %v", res, rpcErr)
+			// An unknown tool and arguments the tool refuses: the TypeScript SDK answers both as
+			// tool errors (isError), not JSON-RPC errors. The key is released, so the repeat
+			// and the corrected call run; nothing is replayed. Before, such an error was
+			// recorded as the outcome: the repeat got it replayed, and the corrected call with
+			// the same key fingerprint_mismatch for the whole TTL.
+			for range 2 {
+				res, rpcErr := rpc(t, gw, "tools/call", map[string]any{"name": "no_such_tool", "arguments": map[string]any{},
+					"_meta": map[string]any{mcpgateway.MetaKey: "k-unknown-" + mode}})
+				require.True(t, rpcErr != nil || res["isError"] == true, "%v %v", res, rpcErr)
+				if res != nil {
+					require.Nil(t, res["_meta"], "the upstream's own error, not a replay")
+				}
+			}
+			fixed := "fixed-" + mode + "@example.com"
+			refused := call(t, gw, "send_email", map[string]any{"to": fixed, "subject": 7, "idempotencyKey": "k-fix-" + mode}, nil)
+			require.Equal(t, true, refused["isError"], "%v", refused)
+			require.Empty(t, code(refused), "the tool's error, passed on")
+			ran := call(t, gw, "send_email", map[string]any{"to": fixed, "subject": "hi", "idempotencyKey": "k-fix-" + mode}, nil)
+			require.Nil(t, ran["isError"], "the corrected call runs: %v", ran)
+			require.Equal(t, 1, readUpstream(t, upstream).Effects[fixed])
 
 			// A key that is not a string.
 			bad := call(t, gw, "send_email", map[string]any{"to": to, "subject": "hi", "idempotencyKey": 7}, nil)
@@ -198,6 +213,25 @@ func TestGatewayLostAnswerIsUncertain(t *testing.T) {
 	var state string
 	require.NoError(t, srv.DB.Raw("SELECT state FROM operations WHERE key = 'mcp|k-lost'").Scan(&state).Error)
 	require.Equal(t, "uncertain", state)
+
+	// Reconciled failed by an operator: the key is still held, and repeats are told so, not
+	// "result unavailable" (before) as if the call had taken effect.
+	var opID string
+	require.NoError(t, srv.DB.Raw("SELECT id FROM operations WHERE key = 'mcp|k-lost'").Scan(&opID).Error)
+	body, _ := json.Marshal(map[string]any{"job_id": "recon-k-lost", "status": "failed", "note": "not sent, per the mail log",
+		"operation_ids": []string{opID}})
+	req, err := http.NewRequest("POST", srv.URL+"/v1/reconciliations", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+srv.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Less(t, resp.StatusCode, 300, "%s", raw)
+	failed := call(t, gw, "send_email", args, nil)
+	require.Equal(t, mcpgateway.CodeOperationFailed, code(failed))
+	require.Equal(t, 1, readUpstream(t, upstream).Effects["lost@example.com"])
 
 	missing := call(t, gw, "send_email", map[string]any{"to": "x@example.com", "subject": "hi"}, nil)
 	require.Equal(t, mcpgateway.CodeKeyMissing, code(missing))
@@ -295,4 +329,38 @@ func TestGatewayOverhead(t *testing.T) {
 	d50, d99, g50, g99 := q(direct.Latencies, .5), q(direct.Latencies, .99), q(via.Latencies, .5), q(via.Latencies, .99)
 	t.Logf("per call, 4 concurrent agents: direct p50 %.1f ms p99 %.1f ms; through the gateway p50 %.1f ms p99 %.1f ms (+%.1f ms p99, %.2fx)",
 		d50, d99, g50, g99, g99-d99, g99/d99)
+}
+
+// TestGatewayCallerScope: with CallerHeader, two callers' equal keys are two keys: the second
+// caller's call runs instead of getting the first caller's result (found by a new user: without
+// it, any caller with the key read another's result).
+func TestGatewayCallerScope(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t, 0, "json")
+	gw := startGateway(t, srv, mcpgateway.Config{Upstream: upstream + "/mcp", UpstreamTimeout: 10 * time.Second,
+		TTL: time.Hour, CallerHeader: "Authorization"})
+	send := func(auth string) map[string]any {
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
+			"name": "send_email", "arguments": map[string]any{"to": "scoped@example.com", "subject": "hi", "idempotencyKey": "same"}}})
+		req, err := http.NewRequest("POST", gw, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var m struct {
+			Result map[string]any `json:"result"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&m))
+		return m.Result
+	}
+	a := send("Bearer alice")
+	require.Nil(t, a["isError"], "%v", a)
+	b := send("Bearer bob")
+	require.Nil(t, b["_meta"], "bob's call is not alice's replayed: %v", b)
+	again := send("Bearer alice")
+	require.Equal(t, true, again["_meta"].(map[string]any)[mcpgateway.MetaReplayed])
+	require.Equal(t, 2, readUpstream(t, upstream).Effects["scoped@example.com"])
 }
