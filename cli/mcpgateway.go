@@ -62,6 +62,9 @@ func mcpGatewayCmd(env Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if wait == 0 {
+				wait = -1 // the flag's 0 is "no wait"; the Config's 0 is its default
+			}
 			app, err := mcpgateway.New(mcpgateway.Config{Upstream: upstream, Client: idem, Path: path, KeyArguments: args,
 				RequireKey: requireKey, CallerHeader: callerHeader, ReplayToolErrors: replayToolErrors, TTL: ttl, Wait: wait, UpstreamTimeout: timeout, Logger: log})
 			if err != nil {
@@ -98,7 +101,7 @@ func mcpGatewayCmd(env Env) *cobra.Command {
 	f.StringVar(&callerHeader, "caller-header", "", "scope keys by a hash of this request header too, e.g. Authorization (else all callers share keys)")
 	f.BoolVar(&replayToolErrors, "replay-tool-errors", false, "record a tool error (isError) as the outcome and replay it (default: release the key)")
 	f.DurationVar(&ttl, "ttl", 24*time.Hour, "how long a key is held (whole seconds, more than --upstream-timeout); repeats within it replay")
-	f.DurationVar(&wait, "wait", 30*time.Second, "how long a repeat waits for a first call still running")
+	f.DurationVar(&wait, "wait", 30*time.Second, "how long a repeat waits for a first call still running (0: answer request_in_progress at once)")
 	f.DurationVar(&timeout, "upstream-timeout", 60*time.Second, "bound of one guarded call; past it the outcome is unknown")
 	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [$" + mcpGatewayEnvName(fl.Name) + "]" })
 	return cmd

@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
@@ -82,6 +83,10 @@ const (
 	CodeResultUnavailable   = "result_unavailable"
 	CodeOperationFailed     = "operation_failed"
 )
+
+// leaseMargin is how much longer than UpstreamTimeout a guarded call's lease is: the time to
+// record its outcome, retries included (record).
+const leaseMargin = 30 * time.Second
 
 // MaxMessageBytes bounds a POSTed JSON-RPC message and a guarded call's answer, which the
 // gateway reads whole.
@@ -191,6 +196,25 @@ type toolInfo struct {
 	outputSchema bool
 }
 
+// decodeMessage reads a JSON-RPC message with its member names matched exactly, as the
+// upstream (JavaScript, say) reads them: encoding/json matches struct fields without regard to
+// case, so {"method": "ping", "METHOD": "tools/call"} would be a tools/call here and a ping
+// there, or the other way round.
+func decodeMessage(raw []byte) (message, bool) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil || m == nil {
+		return message{}, false
+	}
+	msg := message{ID: m["id"], Params: m["params"], Result: m["result"], Error: m["error"]}
+	if v, ok := m["method"]; ok && json.Unmarshal(v, &msg.Method) != nil {
+		return message{}, false
+	}
+	if string(msg.ID) == "null" {
+		msg.ID = nil
+	}
+	return msg, true
+}
+
 // message is a JSON-RPC 2.0 message as POSTed by the client.
 type message struct {
 	JSONRPC string          `json:"jsonrpc"`
@@ -205,11 +229,31 @@ func (g *gateway) handle(c *fiber.Ctx) error {
 	if c.Method() != fiber.MethodPost {
 		return g.passThrough(c, nil)
 	}
-	body := c.Body()
-	var msg message
-	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(body, &msg) != nil ||
-		len(msg.ID) == 0 {
-		return g.passThrough(c, body) // notifications, responses, batches, what the upstream must judge
+	// The body as sent: never c.Body(), which inflates a Content-Encoding without a bound.
+	// MCP messages are small JSON; a compressed one is refused, as idemgate's /mcp does.
+	if ce := c.Request().Header.Peek(fiber.HeaderContentEncoding); len(ce) > 0 && !strings.EqualFold(string(ce), "identity") {
+		return c.Status(fiber.StatusUnsupportedMediaType).JSON(rpcError(nil, -32600,
+			"A compressed request body is not accepted; send the JSON-RPC message uncompressed."))
+	}
+	body := c.Request().Body()
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) > 0 && trimmed[0] == '[' {
+		// A batch (MCP before 2025-06-18): each call in it would pass unguarded, so one that
+		// holds a tools/call is refused; others pass.
+		var batch []json.RawMessage
+		if json.Unmarshal(trimmed, &batch) == nil {
+			for _, raw := range batch {
+				if m, ok := decodeMessage(raw); ok && m.Method == "tools/call" {
+					return c.Status(fiber.StatusBadRequest).JSON(rpcError(nil, -32600,
+						"A batch that holds tools/call is not accepted by the idempotency gateway; send each call alone."))
+				}
+			}
+		}
+		return g.passThrough(c, body)
+	}
+	msg, ok := decodeMessage(trimmed)
+	if !ok || len(msg.ID) == 0 {
+		return g.passThrough(c, body) // notifications, responses, what the upstream must judge
 	}
 	switch msg.Method {
 	case "tools/list":
@@ -223,6 +267,13 @@ func (g *gateway) handle(c *fiber.Ctx) error {
 // send forwards body (nil: the request's own, streamed) to the upstream with the client's
 // headers (the session id, protocol version, Accept, Authorization) but hop-by-hop ones.
 func (g *gateway) send(ctx context.Context, c *fiber.Ctx, body []byte) (*http.Response, error) {
+	return g.sendAs(ctx, c, body, false)
+}
+
+// sendAs is send; read says the gateway reads the answer itself, so the client's
+// Accept-Encoding is not passed on: an answer compressed for the client could not be read,
+// and a call that ran would be taken for one whose answer was lost.
+func (g *gateway) sendAs(ctx context.Context, c *fiber.Ctx, body []byte, read bool) (*http.Response, error) {
 	var r io.Reader = http.NoBody
 	if body != nil {
 		r = bytes.NewReader(body)
@@ -237,7 +288,8 @@ func (g *gateway) send(ctx context.Context, c *fiber.Ctx, body []byte) (*http.Re
 	}
 	req.GetBody = nil // never resent by net/http: a resend is a second effect
 	c.Request().Header.VisitAll(func(k, v []byte) {
-		if name := string(k); forward.HopByHop(name) || strings.EqualFold(name, "Host") || strings.EqualFold(name, "Content-Length") {
+		if name := string(k); forward.HopByHop(name) || strings.EqualFold(name, "Host") || strings.EqualFold(name, "Content-Length") ||
+			(read && strings.EqualFold(name, "Accept-Encoding")) {
 			return
 		}
 		req.Header.Add(string(k), string(v))
@@ -250,7 +302,7 @@ func (g *gateway) send(ctx context.Context, c *fiber.Ctx, body []byte) (*http.Re
 // calls without a key.
 func (g *gateway) passThrough(c *fiber.Ctx, body []byte) error {
 	if body == nil && c.Method() != fiber.MethodGet && c.Method() != fiber.MethodDelete {
-		body = c.Body()
+		body = c.Request().Body()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	resp, err := g.send(ctx, c, body)
@@ -278,8 +330,23 @@ func copyHeaders(c *fiber.Ctx, resp *http.Response) {
 // exchange sends one JSON-RPC request to the upstream and returns its response message (from
 // a JSON answer or an SSE stream, whichever the upstream chose), the HTTP answer's status and
 // headers, and whether the request may have been processed when no response came (sent).
-func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, body []byte, id json.RawMessage) (resp *message, hdr *http.Response, sent bool, err error) {
-	r, err := g.send(ctx, c, body)
+func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, msg message) (resp *message, hdr *http.Response, sent bool, err error) {
+	// The upstream gets an id of the gateway's own, and the response the caller's: an
+	// upstream may write the caller's id back in another form (1.0 as 1, "\u0061" as "a"),
+	// and a response not recognised as the call's is an answer lost.
+	callerID := msg.ID
+	id, _ := json.Marshal("idemgate-" + uuid.NewString())
+	msg.ID, msg.JSONRPC = id, "2.0"
+	body, err := json.Marshal(msg)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	defer func() {
+		if resp != nil {
+			resp.ID = callerID
+		}
+	}()
+	r, err := g.sendAs(ctx, c, body, true)
 	if err != nil {
 		if forward.NotSent(err) {
 			return nil, nil, false, err
@@ -291,7 +358,9 @@ func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, body []byte, id js
 		// Kept for writeRefusal: a 4xx (a lost session, say) is passed on as it came.
 		b, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 		r.Body = io.NopCloser(bytes.NewReader(b))
-		return nil, r, r.StatusCode >= 500, fmt.Errorf("upstream answered %d", r.StatusCode)
+		// Only a 4xx says the request was refused unprocessed; a 3xx may follow one that was
+		// processed (303 See Other after a POST), a 5xx may come after the effect.
+		return nil, r, r.StatusCode < 400 || r.StatusCode >= 500, fmt.Errorf("upstream answered %d", r.StatusCode)
 	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	limited := io.LimitReader(r.Body, MaxMessageBytes+1)
@@ -365,7 +434,7 @@ func lostAnswer(ctx context.Context, what string, err error) error {
 func (g *gateway) toolsList(c *fiber.Ctx, body []byte, msg message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
 	defer cancel()
-	resp, hdr, _, err := g.exchange(ctx, c, body, msg.ID)
+	resp, hdr, _, err := g.exchange(ctx, c, msg)
 	switch {
 	case resp != nil && resp.Result == nil:
 		return g.writeMessage(c, hdr, resp) // the upstream's JSON-RPC error
@@ -417,15 +486,20 @@ func (g *gateway) rewriteTools(result json.RawMessage) (json.RawMessage, error) 
 		}
 		var desc string
 		_ = json.Unmarshal(t["description"], &desc)
+		if arg, own := g.cfg.KeyArguments[name]; own {
+			t["description"], _ = json.Marshal(strings.TrimSpace(desc + strings.ReplaceAll(keyDescription,
+				"a unique idempotencyKey", "a unique "+arg)))
+			continue
+		}
 		t["description"], _ = json.Marshal(strings.TrimSpace(desc + keyDescription))
-		if _, own := g.cfg.KeyArguments[name]; own || declares || schema == nil {
+		if declares || schema == nil {
 			continue
 		}
 		if props == nil {
 			props = map[string]json.RawMessage{}
 		}
 		props[KeyArgument], _ = json.Marshal(map[string]any{"type": "string", "minLength": 1,
-			"maxLength":   client.MaxKeyBytes,
+			"maxLength":   MaxKeyBytes, // bytes; ASCII keys are safe
 			"description": "Idempotency key of this action (idemgate): a new one per action, the same one on retries."})
 		schema["properties"], _ = json.Marshal(props)
 		t["inputSchema"], _ = json.Marshal(schema)
@@ -451,10 +525,9 @@ func (g *gateway) tool(c *fiber.Ctx, name string) toolInfo {
 		if cursor != "" {
 			params["cursor"] = cursor
 		}
-		id, _ := json.Marshal("idemgate-gateway-" + uuid.NewString())
-		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "method": "tools/list", "params": params})
+		raw, _ := json.Marshal(params)
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
-		resp, _, _, err := g.exchange(ctx, c, body, id)
+		resp, _, _, err := g.exchange(ctx, c, message{Method: "tools/list", Params: raw})
 		cancel()
 		if err != nil || resp.Result == nil {
 			break
@@ -475,16 +548,48 @@ func (g *gateway) tool(c *fiber.Ctx, name string) toolInfo {
 	return g.tools[name]
 }
 
-// callParams are a tools/call's params, the parts the gateway reads.
+// callParams are a tools/call's params: the parts the gateway reads, and the rest as sent.
 type callParams struct {
-	Name      string                     `json:"name"`
-	Arguments map[string]json.RawMessage `json:"arguments,omitempty"`
-	Meta      map[string]json.RawMessage `json:"_meta,omitempty"`
+	Name      string
+	Arguments map[string]json.RawMessage
+	Meta      map[string]json.RawMessage
+	rest      map[string]json.RawMessage
+}
+
+// decodeCallParams reads params with member names matched exactly (see decodeMessage).
+func decodeCallParams(raw json.RawMessage) (callParams, bool) {
+	var p callParams
+	if json.Unmarshal(raw, &p.rest) != nil || p.rest == nil || json.Unmarshal(p.rest["name"], &p.Name) != nil || p.Name == "" {
+		return p, false
+	}
+	if a, ok := p.rest["arguments"]; ok && string(a) != "null" && json.Unmarshal(a, &p.Arguments) != nil {
+		return p, false
+	}
+	if m, ok := p.rest["_meta"]; ok && string(m) != "null" && json.Unmarshal(m, &p.Meta) != nil {
+		return p, false
+	}
+	return p, true
+}
+
+// encode is the params to forward: as received, with the arguments and _meta as they are now.
+func (p *callParams) encode() json.RawMessage {
+	out := make(map[string]json.RawMessage, len(p.rest)+2)
+	for k, v := range p.rest {
+		out[k] = v
+	}
+	if p.Arguments != nil {
+		out["arguments"], _ = json.Marshal(p.Arguments)
+	}
+	if p.Meta != nil {
+		out["_meta"], _ = json.Marshal(p.Meta)
+	}
+	raw, _ := json.Marshal(out)
+	return raw
 }
 
 func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
-	var p callParams
-	if err := json.Unmarshal(msg.Params, &p); err != nil || p.Name == "" {
+	p, ok := decodeCallParams(msg.Params)
+	if !ok {
 		return g.passThrough(c, body) // the upstream answers malformed calls
 	}
 	t := g.tool(c, p.Name)
@@ -492,7 +597,7 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 	if t.readOnly {
 		return g.passThrough(c, body)
 	}
-	key, found, err := g.key(&p, t)
+	key, keyArg, found, err := g.key(&p, t)
 	switch {
 	case err != nil:
 		return g.refuse(c, log, msg.ID, t, CodeKeyInvalid, err.Error(), "")
@@ -507,7 +612,11 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 		sum := sha256.Sum256([]byte(v))
 		scope += " caller=" + hex.EncodeToString(sum[:8])
 	}
-	req := client.AcquireRequest{Key: scope + "|" + key, TTL: g.cfg.TTL, Fingerprint: fingerprint(p.Name, p.Arguments),
+	// The lease outlives the longest forward by a margin: a call whose outcome could not be
+	// recorded (idemgate down at that moment) lapses to uncertain after it, and shows in the
+	// reconciliation queue, instead of answering request_in_progress for the whole TTL.
+	lease := min(g.cfg.UpstreamTimeout+leaseMargin, g.cfg.TTL).Truncate(time.Second)
+	req := client.AcquireRequest{Key: scope + "|" + key, TTL: g.cfg.TTL, Lease: lease, Fingerprint: fingerprint(p.Name, p.Arguments, keyArg),
 		Operation: operationName(p.Name), Metadata: map[string]string{"tool": p.Name}}
 	ctx := context.Background()
 	waitUntil := time.Now().Add(max(g.cfg.Wait, 0))
@@ -542,40 +651,50 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 	}
 }
 
-// key finds the call's idempotency key: _meta["io.idemgate/key"], else the tool's configured
-// argument, else the idempotencyKey argument the gateway added (removed from the arguments
-// here, so the upstream gets the call it declared). The key argument is left out of the
-// fingerprint either way.
-func (g *gateway) key(p *callParams, t toolInfo) (key string, found bool, err error) {
+// MaxKeyBytes bounds a key given to the gateway: idemgate's 255 bytes less the scope the
+// gateway puts before it ("mcp caller=<16 hex digits>|", 28 bytes).
+const MaxKeyBytes = client.MaxKeyBytes - 32
+
+// key finds the call's idempotency key: _meta["io.idemgate/key"], else the tool's key argument
+// (the one configured for it, or idempotencyKey: the input the gateway added, removed here so
+// the upstream gets the call it declared, or one the tool declares itself, forwarded). It also
+// returns the name of the key argument, which the fingerprint leaves out ("" when none).
+func (g *gateway) key(p *callParams, t toolInfo) (key, keyArg string, found bool, err error) {
 	take := func(raw json.RawMessage, where string) (string, bool, error) {
 		var s string
-		if err := json.Unmarshal(raw, &s); err != nil || s == "" || len(s) > client.MaxKeyBytes {
-			return "", false, fmt.Errorf("the idempotency key in %s must be a string of 1 to %d bytes", where, client.MaxKeyBytes)
+		if err := json.Unmarshal(raw, &s); err != nil || s == "" || len(s) > MaxKeyBytes {
+			return "", false, fmt.Errorf("the idempotency key in %s must be a string of 1 to %d bytes", where, MaxKeyBytes)
 		}
 		return s, true, nil
 	}
 	if raw, ok := p.Meta[MetaKey]; ok {
 		key, found, err = take(raw, `_meta["`+MetaKey+`"]`)
 	}
+	keyArg = KeyArgument
 	if arg, ok := g.cfg.KeyArguments[p.Name]; ok {
-		if raw, ok := p.Arguments[arg]; ok && !found && err == nil {
-			key, found, err = take(raw, "the argument "+arg)
-		}
-		return key, found, err
+		keyArg = arg
 	}
-	if raw, ok := p.Arguments[KeyArgument]; ok && !t.declaresKey {
+	raw, ok := p.Arguments[keyArg]
+	if !ok {
+		return key, "", found, err
+	}
+	if keyArg == KeyArgument && !t.declaresKey {
 		delete(p.Arguments, KeyArgument)
-		if !found && err == nil {
-			key, found, err = take(raw, "the argument "+KeyArgument)
-		}
 	}
-	return key, found, err
+	if !found && err == nil {
+		key, found, err = take(raw, "the argument "+keyArg)
+	}
+	return key, keyArg, found, err
 }
 
 // fingerprint identifies a call: the tool's name and its arguments in canonical JSON
 // (fibermw.CanonicalJSON: member order and white space do not matter, numbers compare
-// exactly), without the configured key argument.
-func fingerprint(name string, args map[string]json.RawMessage) string {
+// exactly), without the key argument keyArg.
+func fingerprint(name string, args map[string]json.RawMessage, keyArg string) string {
+	if _, ok := args[keyArg]; ok {
+		args = maps.Clone(args)
+		delete(args, keyArg)
+	}
 	raw, _ := json.Marshal(args)
 	if canon, err := fibermw.CanonicalJSON(raw); err == nil {
 		raw = canon
@@ -676,12 +795,10 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 		}
 		p.Meta[MetaPrevious], _ = json.Marshal(warn)
 	}
-	params, _ := json.Marshal(p)
-	msg.Params = params
-	body, _ := json.Marshal(msg)
+	msg.Params = p.encode()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
-	resp, hdr, sent, err := g.exchange(ctx, c, body, msg.ID)
+	resp, hdr, sent, err := g.exchange(ctx, c, msg)
 	cancel()
 	log := g.cfg.Logger.With("tool", p.Name, "operation_id", adm.OperationID, "fencing_token", adm.FencingToken,
 		"duration_ms", time.Since(start).Milliseconds())

@@ -91,6 +91,25 @@ func rpc(t *testing.T, url, method string, params any) (result map[string]any, r
 	return m.Result, m.Error
 }
 
+// post POSTs body to url with the MCP headers (and extra) and returns the answer's body,
+// whatever its status.
+func post(t *testing.T, url, body string, extra map[string]string) []byte {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range extra {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return raw
+}
+
 func call(t *testing.T, url, tool string, args map[string]any, meta map[string]any) map[string]any {
 	t.Helper()
 	params := map[string]any{"name": tool, "arguments": args}
@@ -186,6 +205,42 @@ func TestGatewaySemantics(t *testing.T) {
 			ran := call(t, gw, "send_email", map[string]any{"to": fixed, "subject": "hi", "idempotencyKey": "k-fix-" + mode}, nil)
 			require.Nil(t, ran["isError"], "the corrected call runs: %v", ran)
 			require.Equal(t, 1, readUpstream(t, upstream).Effects[fixed])
+
+			// A tool with an idempotencyKey of its own: the key is used, and forwarded.
+			room := "room-" + mode
+			for range 2 {
+				b := call(t, gw, "book", map[string]any{"room": room, "idempotencyKey": "k-book-" + mode}, nil)
+				require.Contains(t, b["content"].([]any)[0].(map[string]any)["text"], "key=k-book-"+mode)
+			}
+			require.Equal(t, 1, readUpstream(t, upstream).Effects[room], "its own key guards it too")
+
+			// Ids the upstream may write back in another form (1.0 as 1): the caller gets its
+			// own id, and the call its result, not "outcome unknown".
+			for i, id := range []string{"1.0", `"\u0061"`, "1e2"} {
+				body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"send_email",`+
+					`"arguments":{"to":"id-%s-%d","subject":"hi","idempotencyKey":"k-id-%s-%d"}}}`, id, mode, i, mode, i)
+				raw := post(t, gw, body, nil)
+				var m map[string]json.RawMessage
+				require.NoError(t, json.Unmarshal(raw, &m), "%s", raw)
+				require.Equal(t, id, string(m["id"]), "%s", raw)
+				require.NotContains(t, string(m["result"]), mcpgateway.CodeOutcomeUncertain, "%s", raw)
+			}
+
+			// A batch holding a tools/call would pass unguarded: refused. A compressed body
+			// (inflated without a bound by c.Body()) is refused.
+			batch := `[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_email","arguments":` +
+				`{"to":"batch-` + mode + `","subject":"s","idempotencyKey":"kb"}}}]`
+			require.Contains(t, string(post(t, gw, batch, nil)), "batch")
+			require.Contains(t, string(post(t, gw, batch, map[string]string{"Content-Encoding": "gzip"})), "compressed")
+			require.Zero(t, readUpstream(t, upstream).Effects["batch-"+mode])
+
+			// Member names matched exactly: "NAME" is not "name" to a JavaScript upstream, so a
+			// read-only NAME must not let the send_email through unguarded.
+			sneaky := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"send_email","NAME":"count_sent",` +
+				`"arguments":{"to":"case-` + mode + `","subject":"s","idempotencyKey":"k-case-` + mode + `"}}}`
+			post(t, gw, sneaky, nil)
+			post(t, gw, sneaky, nil)
+			require.Equal(t, 1, readUpstream(t, upstream).Effects["case-"+mode])
 
 			// A key that is not a string.
 			bad := call(t, gw, "send_email", map[string]any{"to": to, "subject": "hi", "idempotencyKey": 7}, nil)

@@ -6,10 +6,13 @@ package forward
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"syscall"
 )
 
@@ -22,7 +25,20 @@ func NotSent(err error) bool {
 		return true
 	}
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	// A TLS handshake that failed (a certificate not trusted, a server that answered in
+	// plain HTTP) sent no request: the request is written only after the handshake.
+	var verify *tls.CertificateVerificationError
+	var header tls.RecordHeaderError
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &unknownAuthority) ||
+		errors.As(err, &hostname) || errors.As(err, &invalid) ||
+		// net/http turns a RecordHeaderError into this text, with no type to match.
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
 // HopByHop reports the headers of one connection (RFC 9110 §7.6.1), never forwarded.

@@ -5,7 +5,8 @@
 //   node upstream.mjs DROP_RATE MODE SEED   prints its port on stdout
 //
 //   POST /mcp      tools: send_email {to, subject} (writes: effects[to] += 1, answers
-//                  {messageId, effect}), count_sent {to} (readOnlyHint). With DROP_RATE > 0 a
+//                  {messageId, effect}), book {room, idempotencyKey} (writes, with a key
+//                  argument of its own: effects[room] += 1), count_sent {to} (readOnlyHint). With DROP_RATE > 0 a
 //                  share of send_email calls have their answer dropped after the effect: the
 //                  connection is destroyed when the response is written. MODE is "sse" (answers
 //                  as server-sent events, the SDK's default) or "json".
@@ -36,6 +37,15 @@ function newServer() {
     effects.set(to, n);
     const out = { messageId: 'msg-' + crypto.randomUUID(), effect: n };
     return { content: [{ type: 'text', text: JSON.stringify(out) }], structuredContent: out };
+  });
+  server.registerTool('book', {
+    description: 'Books a room; takes an idempotency key of its own.',
+    inputSchema: { room: z.string(), idempotencyKey: z.string().optional() },
+    annotations: { readOnlyHint: false },
+  }, async ({ room, idempotencyKey }) => {
+    const n = (effects.get(room) || 0) + 1;
+    effects.set(room, n);
+    return { content: [{ type: 'text', text: `booked ${room} (${n}) key=${idempotencyKey}` }] };
   });
   server.registerTool('count_sent', {
     description: 'How many e-mails were sent to an address.',
