@@ -159,12 +159,20 @@ func New(cfg Config) (*fiber.App, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &gateway{cfg: cfg, upstream: u, tools: map[string]toolInfo{}, http: &http.Client{
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 256,
-			IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext},
-	}}
+	newClient := func(headerTimeout time.Duration) *http.Client {
+		return &http.Client{
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 256,
+				IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+				ResponseHeaderTimeout: headerTimeout},
+		}
+	}
+	// Guarded exchanges are bounded by their context; pass-through ones wait at most
+	// UpstreamTimeout for the answer's headers, then stream for as long as the answer lasts.
+	g := &gateway{cfg: cfg, upstream: u, tools: map[string]toolInfo{}, http: newClient(0),
+		passHTTP: newClient(cfg.UpstreamTimeout)}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true, BodyLimit: MaxMessageBytes,
+		ReadTimeout: cfg.UpstreamTimeout, IdleTimeout: 90 * time.Second,
 		ErrorHandler: func(c *fiber.Ctx, err error) error {
 			status := fiber.StatusBadRequest
 			var fe *fiber.Error
@@ -180,7 +188,8 @@ func New(cfg Config) (*fiber.App, error) {
 type gateway struct {
 	cfg      Config
 	upstream *url.URL
-	http     *http.Client
+	// http is for the exchanges the gateway reads, passHTTP for pass-through.
+	http, passHTTP *http.Client
 
 	mu    sync.Mutex
 	tools map[string]toolInfo // by tool name, from the last tools/list seen
@@ -194,6 +203,12 @@ type toolInfo struct {
 	// outputSchema: it declares one, so a structuredContent of the gateway's own errors would
 	// not match it (clients validate it even when isError is set: the TypeScript SDK does).
 	outputSchema bool
+}
+
+// unreadable refuses a POST body that is not a JSON-RPC message the gateway can read.
+func (g *gateway) unreadable(c *fiber.Ctx) error {
+	return c.Status(fiber.StatusBadRequest).JSON(rpcError(nil, -32700,
+		"Parse error: the body is not a JSON-RPC message the idempotency gateway can read, so it was not forwarded."))
 }
 
 // decodeMessage reads a JSON-RPC message with its member names matched exactly, as the
@@ -236,24 +251,32 @@ func (g *gateway) handle(c *fiber.Ctx) error {
 			"A compressed request body is not accepted; send the JSON-RPC message uncompressed."))
 	}
 	body := c.Request().Body()
-	trimmed := bytes.TrimSpace(body)
+	// A UTF-8 byte order mark, which JavaScript's JSON readers skip and Go's refuses.
+	trimmed := bytes.TrimSpace(bytes.TrimPrefix(bytes.TrimSpace(body), []byte("\xEF\xBB\xBF")))
 	if len(trimmed) > 0 && trimmed[0] == '[' {
 		// A batch (MCP before 2025-06-18): each call in it would pass unguarded, so one that
 		// holds a tools/call is refused; others pass.
 		var batch []json.RawMessage
-		if json.Unmarshal(trimmed, &batch) == nil {
-			for _, raw := range batch {
-				if m, ok := decodeMessage(raw); ok && m.Method == "tools/call" {
-					return c.Status(fiber.StatusBadRequest).JSON(rpcError(nil, -32600,
-						"A batch that holds tools/call is not accepted by the idempotency gateway; send each call alone."))
-				}
+		if json.Unmarshal(trimmed, &batch) != nil {
+			return g.unreadable(c)
+		}
+		for _, raw := range batch {
+			if m, ok := decodeMessage(raw); !ok || m.Method == "tools/call" {
+				return c.Status(fiber.StatusBadRequest).JSON(rpcError(nil, -32600,
+					"A batch that holds tools/call (or a member the gateway cannot read) is not accepted by the "+
+						"idempotency gateway; send each call alone."))
 			}
 		}
 		return g.passThrough(c, body)
 	}
 	msg, ok := decodeMessage(trimmed)
-	if !ok || len(msg.ID) == 0 {
-		return g.passThrough(c, body) // notifications, responses, what the upstream must judge
+	if !ok {
+		// Never passed on: what the gateway cannot read, it cannot guard, and the upstream may
+		// read it (a nesting deeper than Go's 10,000 levels, say).
+		return g.unreadable(c)
+	}
+	if len(msg.ID) == 0 {
+		return g.passThrough(c, body) // notifications, and responses to the server's requests
 	}
 	switch msg.Method {
 	case "tools/list":
@@ -294,7 +317,10 @@ func (g *gateway) sendAs(ctx context.Context, c *fiber.Ctx, body []byte, read bo
 		}
 		req.Header.Add(string(k), string(v))
 	})
-	return g.http.Do(req)
+	if read {
+		return g.http.Do(req)
+	}
+	return g.passHTTP.Do(req)
 }
 
 // passThrough forwards the request (body, or the request's own when nil) and streams the
@@ -467,6 +493,7 @@ func (g *gateway) rewriteTools(result json.RawMessage) (json.RawMessage, error) 
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	listed := map[string]toolInfo{}
 	for _, t := range tools {
 		var name string
 		_ = json.Unmarshal(t["name"], &name)
@@ -480,7 +507,15 @@ func (g *gateway) rewriteTools(result json.RawMessage) (json.RawMessage, error) 
 		_ = json.Unmarshal(schema["properties"], &props)
 		_, declares := props[KeyArgument]
 		_, hasOutput := t["outputSchema"]
-		g.tools[name] = toolInfo{readOnly: ann.ReadOnly, declaresKey: declares, outputSchema: hasOutput}
+		info := toolInfo{readOnly: ann.ReadOnly, declaresKey: declares, outputSchema: hasOutput}
+		if prev, seen := listed[name]; seen {
+			// Listed twice: read-only only if every entry says so (when unsure, guard).
+			info.readOnly = info.readOnly && prev.readOnly
+			info.declaresKey = info.declaresKey && prev.declaresKey
+			info.outputSchema = info.outputSchema || prev.outputSchema
+		}
+		listed[name] = info
+		g.tools[name] = info
 		if ann.ReadOnly {
 			continue
 		}
@@ -592,6 +627,12 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 	if !ok {
 		return g.passThrough(c, body) // the upstream answers malformed calls
 	}
+	if stripOwnMeta(p.Meta, MetaKey) {
+		// The io.idemgate/* members are the gateway's to set (operation id, fencing token, the
+		// warning): a client's own never reach the upstream, guarded or not.
+		msg.JSONRPC, msg.Params = "2.0", p.encode()
+		body, _ = json.Marshal(msg)
+	}
 	t := g.tool(c, p.Name)
 	log := g.cfg.Logger.With("tool", p.Name)
 	if t.readOnly {
@@ -662,7 +703,10 @@ const MaxKeyBytes = client.MaxKeyBytes - 32
 func (g *gateway) key(p *callParams, t toolInfo) (key, keyArg string, found bool, err error) {
 	take := func(raw json.RawMessage, where string) (string, bool, error) {
 		var s string
-		if err := json.Unmarshal(raw, &s); err != nil || s == "" || len(s) > MaxKeyBytes {
+		// CanonicalJSON refuses a lone surrogate escape or invalid UTF-8, which json.Unmarshal
+		// would turn into U+FFFD: "\ud800" and "\udc00" would be one key here, two in the client.
+		_, canonErr := fibermw.CanonicalJSON(raw)
+		if err := json.Unmarshal(raw, &s); err != nil || canonErr != nil || s == "" || len(s) > MaxKeyBytes {
 			return "", false, fmt.Errorf("the idempotency key in %s must be a string of 1 to %d bytes", where, MaxKeyBytes)
 		}
 		return s, true, nil
@@ -828,6 +872,7 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 		log.Info("tool call", "decision", "tool error: released")
 		return g.writeMessage(c, hdr, resp)
 	}
+	resp.Result = withoutOwnMeta(resp.Result)
 	g.record(adm, client.StatusSucceeded, resp.Result, "")
 	level := slog.LevelInfo
 	if adm.PreviousOperation != nil {
@@ -835,6 +880,38 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 	}
 	log.Log(context.Background(), level, "tool call", "decision", "forwarded")
 	return g.writeMessage(c, hdr, resp)
+}
+
+// stripOwnMeta removes from meta the io.idemgate/* members but keep, and reports whether it
+// removed any.
+func stripOwnMeta(meta map[string]json.RawMessage, keep string) bool {
+	removed := false
+	for k := range meta {
+		if strings.HasPrefix(k, "io.idemgate/") && k != keep {
+			delete(meta, k)
+			removed = true
+		}
+	}
+	return removed
+}
+
+// withoutOwnMeta is result without the io.idemgate/* members an upstream put in its _meta,
+// so that a first call's result never claims to be a replay.
+func withoutOwnMeta(result json.RawMessage) json.RawMessage {
+	var r map[string]json.RawMessage
+	if json.Unmarshal(result, &r) != nil {
+		return result
+	}
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(r["_meta"], &meta) != nil || !stripOwnMeta(meta, "") {
+		return result
+	}
+	r["_meta"], _ = json.Marshal(meta)
+	out, err := json.Marshal(r)
+	if err != nil {
+		return result
+	}
+	return out
 }
 
 // isToolError reports whether a tools/call result says isError: true.

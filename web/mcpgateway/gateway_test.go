@@ -242,6 +242,31 @@ func TestGatewaySemantics(t *testing.T) {
 			post(t, gw, sneaky, nil)
 			require.Equal(t, 1, readUpstream(t, upstream).Effects["case-"+mode])
 
+			// What the gateway cannot read is never passed on: a byte order mark (JavaScript
+			// skips it, Go's reader refused it, and the call went through unguarded, twice).
+			bom := "\xEF\xBB\xBF" + `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"send_email",` +
+				`"arguments":{"to":"bom-` + mode + `","subject":"s","idempotencyKey":"k-bom-` + mode + `"}}}`
+			post(t, gw, bom, nil)
+			post(t, gw, bom, nil)
+			require.Equal(t, 1, readUpstream(t, upstream).Effects["bom-"+mode])
+			deep := `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"send_email","arguments":{"to":"deep-` +
+				mode + `","subject":"s","idempotencyKey":"k-deep","x":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}}}`
+			require.Contains(t, string(post(t, gw, deep, nil)), "-32700")
+			require.Zero(t, readUpstream(t, upstream).Effects["deep-"+mode])
+
+			// The io.idemgate/* _meta members are the gateway's: a client's never reach the upstream.
+			spoof := call(t, gw, "book", map[string]any{"room": "spoof-" + mode},
+				map[string]any{mcpgateway.MetaFencingToken: 999999, mcpgateway.MetaPrevious: map[string]any{"id": "fake"}})
+			require.NotContains(t, spoof["content"].([]any)[0].(map[string]any)["text"], "999999")
+			require.NotContains(t, spoof["content"].([]any)[0].(map[string]any)["text"], "fake")
+
+			// Keys that differ only in lone surrogates are refused, not merged into U+FFFD.
+			for _, k := range []string{`"\ud800"`, `"\udc00"`} {
+				raw := post(t, gw, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"send_email",`+
+					`"arguments":{"to":"sur-`+mode+`","subject":"s"},"_meta":{"io.idemgate/key":`+k+`}}}`, nil)
+				require.Contains(t, string(raw), mcpgateway.CodeKeyInvalid, "%s", raw)
+			}
+
 			// A key that is not a string.
 			bad := call(t, gw, "send_email", map[string]any{"to": to, "subject": "hi", "idempotencyKey": 7}, nil)
 			require.Equal(t, mcpgateway.CodeKeyInvalid, code(bad))

@@ -216,14 +216,19 @@ func New(cfg Config) (*fiber.App, error) {
 	for _, m := range cfg.Methods {
 		guardedMethods[strings.ToUpper(m)] = true
 	}
-	h := &handler{upstream: u, noEffect: noEffect, timeout: cfg.UpstreamTimeout, client: &http.Client{
-		// No redirects followed (the caller gets them, and they are replayed), no proxy from
-		// the environment, and the body passed on as sent: no Accept-Encoding of our own and no
-		// decompression.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 256,
-			IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext},
-	}}
+	// No redirects followed (the caller gets them, and they are replayed), no proxy from the
+	// environment, and the body passed on as sent: no Accept-Encoding of our own and no
+	// decompression.
+	newClient := func(headerTimeout time.Duration) *http.Client {
+		return &http.Client{
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 256,
+				IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+				ResponseHeaderTimeout: headerTimeout},
+		}
+	}
+	h := &handler{upstream: u, noEffect: noEffect, timeout: cfg.UpstreamTimeout, client: newClient(0),
+		passClient: newClient(cfg.UpstreamTimeout)}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true, BodyLimit: MaxRequestBytes,
 		// Bodies over BodyLimit, and chunked ones, reach the handler as a stream instead of
 		// being refused or read whole: pass-through requests are forwarded as they arrive,
@@ -385,7 +390,8 @@ type handler struct {
 	upstream *url.URL
 	noEffect map[int]bool
 	timeout  time.Duration
-	client   *http.Client
+	// client forwards guarded requests, passClient pass-through ones (see forward).
+	client, passClient *http.Client
 }
 
 // MaxRequestBytes and MaxResponseBytes bound the bodies of guarded requests, which the proxy
@@ -412,17 +418,29 @@ func (h *handler) forward(c *fiber.Ctx) error {
 	target.RawPath = ""
 	target.RawQuery = string(c.Request().URI().QueryString())
 	ctx, cancel := context.WithCancel(context.Background())
-	deadline := time.AfterFunc(h.timeout, cancel)
+	// A guarded request is bounded from sending to its whole answer. A pass-through one is
+	// bounded only while waiting for the answer's headers once all of it is sent (passClient's
+	// ResponseHeaderTimeout): its upload and its answer may take as long as they take.
+	hc, deadline := h.passClient, (*time.Timer)(nil)
+	if admitted {
+		hc, deadline = h.client, time.AfterFunc(h.timeout, cancel)
+	}
 	streaming := false
 	defer func() {
 		if !streaming { // else the answer's body closes it when fasthttp has sent it all
-			deadline.Stop()
+			if deadline != nil {
+				deadline.Stop()
+			}
 			cancel()
 		}
 	}()
-	var body io.Reader = bytes.NewReader(c.Request().Body())
-	length := int64(len(c.Request().Body()))
-	if c.Request().IsBodyStream() { // pass-through (readGuarded read a guarded one whole)
+	var body io.Reader
+	var length int64
+	if c.Request().IsBodyStream() {
+		// Pass-through (readGuarded read a guarded one whole): forwarded as it arrives. Never
+		// c.Request().Body() here: it reads the whole stream into memory, and turns a body cut
+		// off midway into one whose text is the read error. A read error now aborts the
+		// upstream request instead.
 		body, length = c.Request().BodyStream(), int64(c.Request().Header.ContentLength())
 		if length < 0 {
 			length = -1 // chunked: sent chunked
@@ -430,6 +448,9 @@ func (h *handler) forward(c *fiber.Ctx) error {
 		if length == 0 {
 			body = http.NoBody
 		}
+	} else {
+		b := c.Request().Body()
+		body, length = bytes.NewReader(b), int64(len(b))
 	}
 	req, err := http.NewRequestWithContext(ctx, c.Method(), target.String(), body)
 	if err != nil {
@@ -442,8 +463,13 @@ func (h *handler) forward(c *fiber.Ctx) error {
 	// an Idempotency-Key: never here, where a resend is a second effect.
 	req.GetBody = nil
 	copyRequestHeaders(c, req)
-	resp, err := h.client.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
+		if !admitted && !forward.NotSent(err) {
+			return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Gateway",
+				Status: fiber.StatusBadGateway, Code: CodeUpstreamAnswerLost,
+				Detail: "The request (not guarded: it carried no key) was sent, or cut off while sent, and no answer came."})
+		}
 		if forward.NotSent(err) {
 			fibermw.NoEffect(c)
 			return fibermw.WriteProblem(c, &fibermw.Problem{Type: "about:blank", Title: "Bad Gateway",
@@ -455,7 +481,6 @@ func (h *handler) forward(c *fiber.Ctx) error {
 	if !admitted {
 		// The headers are in: a pass-through answer may take as long as it lasts (server-sent
 		// events, a download), and goes to the client as it comes.
-		deadline.Stop()
 		streaming = true
 		copyResponseHeaders(c, resp)
 		c.Response().SetBodyStream(&forward.CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))

@@ -454,15 +454,30 @@ func TestProxyStreamsPassThrough(t *testing.T) {
 		resp, err := hc.Do(req)
 		require.NoError(t, err)
 		var got struct {
-			Bytes  int    `json:"bytes"`
-			SHA256 string `json:"sha256"`
+			Bytes   int    `json:"bytes"`
+			SHA256  string `json:"sha256"`
+			Chunked bool   `json:"chunked"`
 		}
 		require.Equal(t, 200, resp.StatusCode, "chunked %v", chunked)
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
 		resp.Body.Close()
 		require.Equal(t, len(big), got.Bytes, "chunked %v", chunked)
 		require.Equal(t, hex.EncodeToString(sum[:]), got.SHA256, "chunked %v", chunked)
+		// A chunked upload reaches the upstream chunked: it was passed on as it came, not read
+		// whole first (which the proxy did, up to any size, once it stopped refusing 16 MiB).
+		require.Equal(t, chunked, got.Chunked, "chunked %v", chunked)
 	}
+
+	// An upload cut off midway never reaches the upstream as a whole request (before, it
+	// arrived complete, its body the text of the read error: a PUT replaced a file with it).
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p, "http://"))
+	require.NoError(t, err)
+	_, err = fmt.Fprint(conn, "POST /count HTTP/1.1\r\nHost: proxy\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\na\r\nhal")
+	require.NoError(t, err)
+	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+	cutAnswer, _ := io.ReadAll(conn)
+	conn.Close()
+	require.NotContains(t, string(cutAnswer), `"bytes"`, "the upstream answered a cut upload: %s", cutAnswer)
 
 	// A multipart form passes as its bytes, not as the proxy's re-encoding of it.
 	form := "--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\nX-Extra: 1\r\n\r\nvalue\r\n--XyZ--\r\n"

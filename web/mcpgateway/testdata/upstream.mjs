@@ -42,10 +42,11 @@ function newServer() {
     description: 'Books a room; takes an idempotency key of its own.',
     inputSchema: { room: z.string(), idempotencyKey: z.string().optional() },
     annotations: { readOnlyHint: false },
-  }, async ({ room, idempotencyKey }) => {
+  }, async ({ room, idempotencyKey }, extra) => {
     const n = (effects.get(room) || 0) + 1;
     effects.set(room, n);
-    return { content: [{ type: 'text', text: `booked ${room} (${n}) key=${idempotencyKey}` }] };
+    const meta = JSON.stringify(extra?._meta || {});
+    return { content: [{ type: 'text', text: `booked ${room} (${n}) key=${idempotencyKey} meta=${meta}` }] };
   });
   server.registerTool('count_sent', {
     description: 'How many e-mails were sent to an address.',

@@ -18,8 +18,8 @@
 //   GET  /echo               200 with the request's method, url and headers (pass-through)
 //   GET  /stream             200 text/plain "first\n" at once, then "last\n" and the end only
 //                            once GET /stream/release is called (a long answer, streamed)
-//   POST /count              {"bytes": n, "sha256": hex} of the request body, read as it
-//                            arrives, never held whole (a large upload, streamed)
+//   POST /count              {"bytes": n, "sha256": hex, "chunked": bool} of the request
+//                            body, read as it arrives, never held whole (a large upload)
 import http from 'node:http';
 import crypto from 'node:crypto';
 
@@ -47,7 +47,7 @@ const server = http.createServer((req, res) => {
     req.on('data', (chunk) => { bytes += chunk.length; hash.update(chunk); });
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ bytes, sha256: hash.digest('hex') }));
+      res.end(JSON.stringify({ bytes, sha256: hash.digest('hex'), chunked: req.headers['transfer-encoding'] === 'chunked' }));
     });
     return;
   }
