@@ -360,10 +360,7 @@ func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, msg message) (resp
 	// The upstream gets an id of the gateway's own, and the response the caller's: an
 	// upstream may write the caller's id back in another form (1.0 as 1, "\u0061" as "a"),
 	// and a response not recognised as the call's is an answer lost.
-	callerID := msg.ID
-	id, _ := json.Marshal("idemgate-" + uuid.NewString())
-	msg.ID, msg.JSONRPC = id, "2.0"
-	body, err := json.Marshal(msg)
+	callerID, id, body, err := withOwnID(msg)
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -373,47 +370,54 @@ func (g *gateway) exchange(ctx context.Context, c *fiber.Ctx, msg message) (resp
 		}
 	}()
 	r, err := g.sendAs(ctx, c, body, true)
-	if err != nil {
-		if forward.NotSent(err) {
-			return nil, nil, false, err
-		}
-		return nil, nil, true, lostAnswer(ctx, "the connection failed", err)
-	}
-	defer r.Body.Close()
-	if r.StatusCode < 200 || r.StatusCode > 299 {
-		// Kept for writeRefusal: a 4xx (a lost session, say) is passed on as it came.
-		b, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-		r.Body = io.NopCloser(bytes.NewReader(b))
-		// Only a 4xx says the request was refused unprocessed; a 3xx may follow one that was
-		// processed (303 See Other after a POST), a 5xx may come after the effect.
-		return nil, r, r.StatusCode < 400 || r.StatusCode >= 500, fmt.Errorf("upstream answered %d", r.StatusCode)
-	}
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	limited := io.LimitReader(r.Body, MaxMessageBytes+1)
-	if mt == "text/event-stream" {
-		m, err := readSSEResponse(limited, id)
+	if err == nil && r.StatusCode >= 200 && r.StatusCode <= 299 && isEventStream(r) {
+		defer r.Body.Close()
+		m, err := readSSEResponse(io.LimitReader(r.Body, MaxMessageBytes+1), id, nil)
 		if err != nil {
 			err = lostAnswer(ctx, "the stream ended without the call's response", err)
 		}
 		return m, r, true, err
 	}
-	raw, err := io.ReadAll(limited)
-	if err != nil || len(raw) > MaxMessageBytes {
-		return nil, r, true, lostAnswer(ctx, "the answer was cut or is over the limit", err)
-	}
-	var m message
-	if err := json.Unmarshal(raw, &m); err != nil || !bytes.Equal(bytes.TrimSpace(m.ID), bytes.TrimSpace(id)) {
-		return nil, r, true, errors.New("the answer is not the call's JSON-RPC response")
-	}
-	return &m, r, true, nil
+	return g.readAnswer(ctx, keepBody(r), err, id)
 }
 
-// readSSEResponse reads server-sent events until the JSON-RPC response whose id is id; the
-// notifications before it (progress, logging) are not passed on.
-func readSSEResponse(r io.Reader, id json.RawMessage) (*message, error) {
+// keptBody is an answer's body read into memory (at most MaxMessageBytes + 1 bytes), with the
+// error that ended the reading, if any.
+type keptBody struct {
+	*bytes.Reader
+	b   []byte
+	err error
+}
+
+func (*keptBody) Close() error { return nil }
+
+// keepBody reads r's body into memory and closes it; r may be nil (nothing was answered).
+func keepBody(r *http.Response) *http.Response {
+	if r == nil {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, MaxMessageBytes+1))
+	r.Body.Close()
+	r.Body = &keptBody{Reader: bytes.NewReader(b), b: b, err: err}
+	return r
+}
+
+// withOwnID is msg as the upstream gets it, under an id of the gateway's own (see exchange).
+func withOwnID(msg message) (callerID, id json.RawMessage, body []byte, err error) {
+	callerID = msg.ID
+	id, _ = json.Marshal("idemgate-" + uuid.NewString())
+	msg.ID, msg.JSONRPC = id, "2.0"
+	body, err = json.Marshal(msg)
+	return callerID, id, body, err
+}
+
+// readSSEResponse reads server-sent events until the JSON-RPC response whose id is id. Every
+// other event (a notification, a request of the server's to the client) is handed whole to
+// onEvent, when not nil, as it arrives: lines as sent, ending with the blank line.
+func readSSEResponse(r io.Reader, id json.RawMessage, onEvent func(event []byte)) (*message, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), MaxMessageBytes)
-	var data bytes.Buffer
+	var data, event bytes.Buffer
 	for {
 		more := sc.Scan()
 		line := sc.Text()
@@ -424,8 +428,13 @@ func readSSEResponse(r io.Reader, id json.RawMessage) (*message, error) {
 					bytes.Equal(bytes.TrimSpace(m.ID), bytes.TrimSpace(id)) {
 					return &m, nil
 				}
-				data.Reset()
 			}
+			if event.Len() > 0 && onEvent != nil {
+				event.WriteByte('\n')
+				onEvent(event.Bytes())
+			}
+			data.Reset()
+			event.Reset()
 			if !more {
 				if err := sc.Err(); err != nil {
 					return nil, err
@@ -434,6 +443,8 @@ func readSSEResponse(r io.Reader, id json.RawMessage) (*message, error) {
 			}
 			continue
 		}
+		event.WriteString(line)
+		event.WriteByte('\n')
 		if v, ok := strings.CutPrefix(line, "data:"); ok {
 			if data.Len() > 0 {
 				data.WriteByte('\n')
@@ -841,36 +852,128 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 	}
 	msg.Params = p.encode()
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
-	resp, hdr, sent, err := g.exchange(ctx, c, msg)
-	cancel()
-	log := g.cfg.Logger.With("tool", p.Name, "operation_id", adm.OperationID, "fencing_token", adm.FencingToken,
-		"duration_ms", time.Since(start).Milliseconds())
+	log := g.cfg.Logger.With("tool", p.Name, "operation_id", adm.OperationID, "fencing_token", adm.FencingToken)
 	if adm.PreviousOperation != nil {
 		log = log.With("previous_operation", adm.PreviousOperation.ID, "previous_state", adm.PreviousOperation.State)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
+	callerID, id, body, err := withOwnID(msg)
+	if err != nil {
+		cancel()
+		return err
+	}
+	r, err := g.sendAs(ctx, c, body, true)
+	if err == nil && r.StatusCode >= 200 && r.StatusCode <= 299 && isEventStream(r) {
+		return g.streamCall(c, ctx, cancel, r, id, callerID, t, adm, log, start)
+	}
+	resp, hdr, sent, err := g.readAnswer(ctx, keepBody(r), err, id)
+	cancel()
+	if resp != nil {
+		resp.ID = callerID
+	}
+	out, refusal := g.settle(adm, t, log.With("duration_ms", time.Since(start).Milliseconds()), callerID, resp, hdr, sent, err)
+	if refusal != nil {
+		return g.writeRefusal(c, refusal)
+	}
+	return g.writeMessage(c, hdr, out)
+}
+
+// isEventStream reports whether r's body is server-sent events.
+func isEventStream(r *http.Response) bool {
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	return mt == "text/event-stream"
+}
+
+// streamCall passes an admitted call's event stream on to the client as it comes (so a tool
+// can ask the client something mid-call: elicitation, sampling), and settles the call when its
+// response arrives: that event is the settled answer, under the caller's id. A client that
+// goes away does not stop the reading: the outcome is still recorded.
+func (g *gateway) streamCall(c *fiber.Ctx, ctx context.Context, cancel context.CancelFunc, r *http.Response,
+	id, callerID json.RawMessage, t toolInfo, adm *client.Admission, log *slog.Logger, start time.Time) error {
+	c.Status(fiber.StatusOK)
+	c.Set(fiber.HeaderContentType, "text/event-stream")
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+		c.Set("Mcp-Session-Id", sid)
+	}
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer cancel()
+		defer r.Body.Close()
+		gone := false
+		write := func(b []byte) {
+			if gone {
+				return
+			}
+			if _, err := w.Write(b); err != nil || w.Flush() != nil {
+				gone = true
+			}
+		}
+		resp, err := readSSEResponse(io.LimitReader(r.Body, MaxMessageBytes+1), id, write)
+		if err != nil {
+			err = lostAnswer(ctx, "the stream ended without the call's response", err)
+		}
+		if resp != nil {
+			resp.ID = callerID
+		}
+		out, _ := g.settle(adm, t, log.With("duration_ms", time.Since(start).Milliseconds()), callerID, resp, r, true, err)
+		out.JSONRPC = "2.0"
+		raw, _ := json.Marshal(out)
+		write([]byte("event: message\ndata: " + string(raw) + "\n\n"))
+	})
+	return nil
+}
+
+// readAnswer is exchange's reading of the upstream's answer r to the request with id (or of
+// the error sendErr of sending it).
+func (g *gateway) readAnswer(ctx context.Context, r *http.Response, sendErr error, id json.RawMessage) (resp *message, hdr *http.Response, sent bool, err error) {
+	if sendErr != nil {
+		if forward.NotSent(sendErr) {
+			return nil, nil, false, sendErr
+		}
+		return nil, nil, true, lostAnswer(ctx, "the connection failed", sendErr)
+	}
+	if r.StatusCode < 200 || r.StatusCode > 299 {
+		// Kept for writeRefusal: a 4xx (a lost session, say) is passed on as it came (keepBody
+		// read it into memory).
+		return nil, r, r.StatusCode < 400 || r.StatusCode >= 500, fmt.Errorf("upstream answered %d", r.StatusCode)
+	}
+	raw := r.Body.(*keptBody).b
+	if len(raw) > MaxMessageBytes || r.Body.(*keptBody).err != nil {
+		return nil, r, true, lostAnswer(ctx, "the answer was cut or is over the limit", r.Body.(*keptBody).err)
+	}
+	var m message
+	if err := json.Unmarshal(raw, &m); err != nil || !bytes.Equal(bytes.TrimSpace(m.ID), bytes.TrimSpace(id)) {
+		return nil, r, true, errors.New("the answer is not the call's JSON-RPC response")
+	}
+	return &m, r, true, nil
+}
+
+// settle records what the upstream's answer to an admitted call means (docs/reference.md §13)
+// and returns what the caller gets: out, or refusal, an upstream 4xx to pass on as it came.
+func (g *gateway) settle(adm *client.Admission, t toolInfo, log *slog.Logger, callerID json.RawMessage,
+	resp *message, hdr *http.Response, sent bool, err error) (out *message, refusal *http.Response) {
 	switch {
 	case err != nil && !sent:
 		g.record(adm, client.StatusFailed, nil, "not forwarded: "+err.Error())
 		if hdr != nil { // a 4xx: the upstream refused the request (a lost session, say); the client handles it
 			log.Info("tool call", "decision", "refused by the upstream", "status", hdr.StatusCode)
-			return g.writeRefusal(c, hdr)
+			return nil, hdr
 		}
 		log.Warn("tool call", "decision", "upstream unreachable", "err", err)
-		return g.toolError(c, msg.ID, t, CodeUpstreamUnreachable,
-			"The MCP server could not be reached; the call was not sent. Retry with the same key.", adm.OperationID)
+		return toolErrorMessage(callerID, t, CodeUpstreamUnreachable,
+			"The MCP server could not be reached; the call was not sent. Retry with the same key.", adm.OperationID), nil
 	case err != nil:
 		g.record(adm, client.StatusUncertain, nil, "answer lost: "+err.Error())
 		log.Warn("tool call", "decision", "answer lost: uncertain", "err", err)
-		return g.unknownOutcome(c, msg.ID, t, adm.OperationID)
+		return toolErrorMessage(callerID, t, CodeOutcomeUncertain, unknownOutcomeText, adm.OperationID), nil
 	case resp.Error != nil:
 		g.record(adm, client.StatusFailed, nil, "the upstream answered a JSON-RPC error")
 		log.Info("tool call", "decision", "JSON-RPC error: released")
-		return g.writeMessage(c, hdr, resp)
+		return resp, nil
 	case !g.cfg.ReplayToolErrors && isToolError(resp.Result):
 		g.record(adm, client.StatusFailed, nil, "the tool answered an error (isError)")
 		log.Info("tool call", "decision", "tool error: released")
-		return g.writeMessage(c, hdr, resp)
+		return resp, nil
 	}
 	resp.Result = withoutOwnMeta(resp.Result)
 	g.record(adm, client.StatusSucceeded, resp.Result, "")
@@ -879,7 +982,7 @@ func (g *gateway) admitted(c *fiber.Ctx, msg message, p callParams, t toolInfo, 
 		level = slog.LevelWarn
 	}
 	log.Log(context.Background(), level, "tool call", "decision", "forwarded")
-	return g.writeMessage(c, hdr, resp)
+	return resp, nil
 }
 
 // stripOwnMeta removes from meta the io.idemgate/* members but keep, and reports whether it
@@ -987,6 +1090,11 @@ const MetaError = "io.idemgate/error"
 // TypeScript SDK's client validates structuredContent against it even on errors, and turns a
 // mismatch into a protocol error that hides the code).
 func (g *gateway) toolError(c *fiber.Ctx, id json.RawMessage, t toolInfo, code, text, operationID string) error {
+	return g.writeMessage(c, nil, toolErrorMessage(id, t, code, text, operationID))
+}
+
+// toolErrorMessage is the JSON-RPC response of toolError.
+func toolErrorMessage(id json.RawMessage, t toolInfo, code, text, operationID string) *message {
 	detail := map[string]any{"code": code, "message": text}
 	if operationID != "" {
 		detail["operation_id"] = operationID
@@ -1000,18 +1108,13 @@ func (g *gateway) toolError(c *fiber.Ctx, id json.RawMessage, t toolInfo, code, 
 		res["structuredContent"] = detail
 	}
 	result, _ := json.Marshal(res)
-	return g.writeMessage(c, nil, &message{ID: id, Result: result})
+	return &message{JSONRPC: "2.0", ID: id, Result: result}
 }
 
 // unknownOutcomeText is the message of outcome_uncertain.
 const unknownOutcomeText = "Outcome unknown: verify before retrying. A call with this idempotency key was sent to the " +
 	"tool, but its answer was lost, so it may have taken effect. It is not sent again with this key; check whether " +
 	"the action happened before acting with a new key."
-
-// unknownOutcome is the answer of a call whose first forward's outcome is unknown.
-func (g *gateway) unknownOutcome(c *fiber.Ctx, id json.RawMessage, t toolInfo, operationID string) error {
-	return g.toolError(c, id, t, CodeOutcomeUncertain, unknownOutcomeText, operationID)
-}
 
 // refuse answers a guarded call with the gateway's tool error code, and logs the decision.
 func (g *gateway) refuse(c *fiber.Ctx, log *slog.Logger, id json.RawMessage, t toolInfo, code, text, operationID string) error {

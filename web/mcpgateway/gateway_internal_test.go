@@ -19,7 +19,11 @@ func FuzzReadSSEResponse(f *testing.F) {
 		if !json.Valid([]byte(id)) {
 			return
 		}
-		m, err := readSSEResponse(strings.NewReader(stream), json.RawMessage(id))
+		m, err := readSSEResponse(strings.NewReader(stream), json.RawMessage(id), func(event []byte) {
+			if !bytes.HasSuffix(event, []byte("\n\n")) {
+				t.Fatalf("%q: an event passed on without its blank line: %q", stream, event)
+			}
+		})
 		if err != nil {
 			return
 		}

@@ -110,6 +110,21 @@ func post(t *testing.T, url, body string, extra map[string]string) []byte {
 	return raw
 }
 
+// lastMessage is the JSON-RPC message of an answer: the whole body, or the last event's data
+// of an event stream.
+func lastMessage(raw []byte) []byte {
+	if !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("event:")) && !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("data:")) {
+		return raw
+	}
+	var last []byte
+	for _, line := range bytes.Split(raw, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+			last = v
+		}
+	}
+	return last
+}
+
 func call(t *testing.T, url, tool string, args map[string]any, meta map[string]any) map[string]any {
 	t.Helper()
 	params := map[string]any{"name": tool, "arguments": args}
@@ -219,7 +234,7 @@ func TestGatewaySemantics(t *testing.T) {
 			for i, id := range []string{"1.0", `"\u0061"`, "1e2"} {
 				body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"send_email",`+
 					`"arguments":{"to":"id-%s-%d","subject":"hi","idempotencyKey":"k-id-%s-%d"}}}`, id, mode, i, mode, i)
-				raw := post(t, gw, body, nil)
+				raw := lastMessage(post(t, gw, body, nil))
 				var m map[string]json.RawMessage
 				require.NoError(t, json.Unmarshal(raw, &m), "%s", raw)
 				require.Equal(t, id, string(m["id"]), "%s", raw)
@@ -443,4 +458,31 @@ func TestGatewayCallerScope(t *testing.T) {
 	again := send("Bearer alice")
 	require.Equal(t, true, again["_meta"].(map[string]any)[mcpgateway.MetaReplayed])
 	require.Equal(t, 2, readUpstream(t, upstream).Effects["scoped@example.com"])
+}
+
+// TestGatewayToolAsksTheClient: a guarded call whose tool asks the client to confirm mid-call
+// (elicitation/create, on the call's event stream) gets its answer and completes. Before, the
+// gateway read the call's stream to its end before passing anything on: the question never
+// reached the client, and the call ended "outcome unknown" at the upstream timeout though it
+// had done nothing (found by a breaker).
+func TestGatewayToolAsksTheClient(t *testing.T) {
+	srv := servertest.Start(t, dbs.Postgres)
+	upstream := startUpstream(t, 0, "stateful")
+	gw := startGateway(t, srv, mcpgateway.Config{Upstream: upstream + "/mcp", UpstreamTimeout: 10 * time.Second,
+		TTL: time.Hour})
+	script := testkit.NodeScript(t, "testdata/elicit_client.mjs")
+	cmd := exec.Command("node", script, gw, "k-confirm", "confirm@example.com")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var run struct {
+		First, Second map[string]any
+		Asked         int
+	}
+	require.NoError(t, json.Unmarshal(out, &run), "%s", out)
+	require.Nil(t, run.First["isError"], "%v", run.First)
+	require.Contains(t, run.First["content"].([]any)[0].(map[string]any)["text"], "after confirmation")
+	require.Equal(t, 1, run.Asked, "asked once: the repeat is a replay")
+	require.Equal(t, true, run.Second["_meta"].(map[string]any)[mcpgateway.MetaReplayed])
+	require.Equal(t, 1, readUpstream(t, upstream).Effects["confirm@example.com"])
 }

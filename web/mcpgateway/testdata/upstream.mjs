@@ -9,16 +9,20 @@
 //                  argument of its own: effects[room] += 1), count_sent {to} (readOnlyHint). With DROP_RATE > 0 a
 //                  share of send_email calls have their answer dropped after the effect: the
 //                  connection is destroyed when the response is written. MODE is "sse" (answers
-//                  as server-sent events, the SDK's default) or "json".
+//                  as server-sent events, the SDK's default), "json", or "stateful" (sessions,
+//                  SSE; needed by confirm_send {to}, which asks the client to confirm mid-call).
 //   GET  /effects  {"effects": {"<to>": n}, "dropped": ["<to>", ...]}
 import http from 'node:http';
 import crypto from 'node:crypto';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { ElicitResultSchema, isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 
 const dropRate = Number(process.argv[2] || 0);
 const json = process.argv[3] === 'json';
+const stateful = process.argv[3] === 'stateful';
+const sessions = new Map(); // stateful mode: session id -> transport
 let seed = Number(process.argv[4] || 1);
 const rand = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648; };
 
@@ -48,6 +52,19 @@ function newServer() {
     const meta = JSON.stringify(extra?._meta || {});
     return { content: [{ type: 'text', text: `booked ${room} (${n}) key=${idempotencyKey} meta=${meta}` }] };
   });
+  server.registerTool('confirm_send', {
+    description: 'Sends an e-mail once the user confirms (asks the client mid-call: elicitation).',
+    inputSchema: { to: z.string() },
+    annotations: { readOnlyHint: false },
+  }, async ({ to }, extra) => {
+    const answer = await extra.sendRequest({ method: 'elicitation/create', params: {
+      message: `Send to ${to}?`,
+      requestedSchema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'] },
+    } }, ElicitResultSchema);
+    if (answer.action !== 'accept') return { content: [{ type: 'text', text: 'declined' }], isError: true };
+    effects.set(to, (effects.get(to) || 0) + 1);
+    return { content: [{ type: 'text', text: `sent to ${to} after confirmation` }] };
+  });
   server.registerTool('count_sent', {
     description: 'How many e-mails were sent to an address.',
     inputSchema: { to: z.string() },
@@ -61,6 +78,12 @@ const httpServer = http.createServer(async (req, res) => {
   if (url.pathname === '/effects') {
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(JSON.stringify({ effects: Object.fromEntries(effects), dropped }));
+    return;
+  }
+  if (stateful && url.pathname === '/mcp' && req.method !== 'POST') {
+    const transport = sessions.get(req.headers['mcp-session-id']);
+    if (!transport) { res.writeHead(404).end(); return; }
+    await transport.handleRequest(req, res);
     return;
   }
   if (url.pathname !== '/mcp' || req.method !== 'POST') {
@@ -80,6 +103,25 @@ const httpServer = http.createServer(async (req, res) => {
     res.write = cut;
     res.end = cut;
     res.flushHeaders = () => {};
+  }
+  if (stateful) {
+    // A session per client, so the server can ask the client something mid-call and get
+    // the answer (a later POST of the same session).
+    let transport = sessions.get(req.headers['mcp-session-id']);
+    if (!transport && isInitializeRequest(msg)) {
+      transport = new StreamableHTTPServerTransport({
+        sessionIdGenerator: () => crypto.randomUUID(),
+        onsessioninitialized: (id) => { sessions.set(id, transport); },
+      });
+      await newServer().connect(transport);
+    }
+    if (!transport) {
+      res.writeHead(404, { 'content-type': 'application/json' });
+      res.end('{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"Session not found"}}');
+      return;
+    }
+    await transport.handleRequest(req, res, msg);
+    return;
   }
   const server = newServer();
   const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: json });
