@@ -1,14 +1,10 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/idemgate/idemgate/web/mcpgateway"
@@ -70,25 +66,8 @@ func mcpGatewayCmd(env Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("--listen %s: %w", listen, err)
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			served := make(chan error, 1)
-			go func() { served <- app.Listener(ln) }()
-			log.Info("mcp-gateway listening", "addr", "http://"+ln.Addr().String()+path, "upstream", upstream, "idemgate", idemgateURL)
-			select {
-			case err := <-served:
-				return err
-			case <-ctx.Done():
-			}
-			// Calls in flight may take the whole upstream timeout, and their outcomes must be
-			// recorded after.
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+proxyOutcomeMargin)
-			defer cancel()
-			return app.ShutdownWithContext(sctx)
+			return serveUntilSignal(cmd.Context(), app, listen, path, timeout+proxyOutcomeMargin,
+				log.With("upstream", upstream, "idemgate", idemgateURL), "mcp-gateway")
 		},
 	}
 	f := cmd.Flags()

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gofiber/fiber/v2"
 	"github.com/idemgate/idemgate/web/client"
 	"github.com/idemgate/idemgate/web/proxy"
 	"github.com/spf13/cobra"
@@ -73,24 +74,8 @@ func proxyCmd(env Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("--listen %s: %w", listen, err)
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			served := make(chan error, 1)
-			go func() { served <- app.Listener(ln) }()
-			log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "upstream", upstream, "idemgate", idemgateURL)
-			select {
-			case err := <-served:
-				return err
-			case <-ctx.Done():
-			}
-			log.Info("proxy stopping: finishing requests in flight")
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+proxyOutcomeMargin)
-			defer cancel()
-			return app.ShutdownWithContext(sctx)
+			return serveUntilSignal(cmd.Context(), app, listen, "", timeout+proxyOutcomeMargin,
+				log.With("upstream", upstream, "idemgate", idemgateURL), "proxy")
 		},
 	}
 	f := cmd.Flags()
@@ -110,6 +95,31 @@ func proxyCmd(env Env) *cobra.Command {
 	f.DurationVar(&timeout, "upstream-timeout", 30*time.Second, "bound of one guarded request (of a pass-through one, until its answer's headers); past it the outcome is unknown")
 	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [$" + proxyEnvName(fl.Name) + "]" }) // before cobra adds --help
 	return cmd
+}
+
+// serveUntilSignal serves app on listen until it fails or SIGINT or SIGTERM comes, then stops
+// accepting and waits up to grace for the requests in flight, whose outcomes must still be
+// recorded (`proxy` and `mcp-gateway`: the upstream timeout and proxyOutcomeMargin). path is
+// added to the address logged; what names the command in the log.
+func serveUntilSignal(ctx context.Context, app *fiber.App, listen, path string, grace time.Duration, log *slog.Logger, what string) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", listen, err)
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- app.Listener(ln) }()
+	log.Info(what+" listening", "addr", "http://"+ln.Addr().String()+path)
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info(what + " stopping: finishing requests in flight")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	return app.ShutdownWithContext(sctx)
 }
 
 // idemgateClient is the client of `proxy` and `mcp-gateway` for the idemgate server at url,

@@ -336,21 +336,9 @@ func (g *gateway) passThrough(c *fiber.Ctx, body []byte) error {
 		cancel()
 		return c.Status(fiber.StatusBadGateway).JSON(rpcError(nil, -32603, "The MCP server could not be reached."))
 	}
-	copyHeaders(c, resp)
-	c.Response().SetBodyStream(&forward.CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))
+	forward.CopyResponseHeaders(c, resp)
+	forward.StreamBody(c, resp, cancel)
 	return nil
-}
-
-func copyHeaders(c *fiber.Ctx, resp *http.Response) {
-	c.Status(resp.StatusCode)
-	for name, vs := range resp.Header {
-		if forward.HopByHop(name) || name == "Content-Length" {
-			continue
-		}
-		for _, v := range vs {
-			c.Response().Header.Add(name, v)
-		}
-	}
 }
 
 // exchange sends one JSON-RPC request to the upstream and returns its response message (from
@@ -1075,7 +1063,7 @@ func (g *gateway) writeMessage(c *fiber.Ctx, hdr *http.Response, m *message) err
 
 // writeRefusal passes on an upstream's refusal of the call (4xx) with its status and headers.
 func (g *gateway) writeRefusal(c *fiber.Ctx, hdr *http.Response) error {
-	copyHeaders(c, hdr)
+	forward.CopyResponseHeaders(c, hdr)
 	b, _ := io.ReadAll(hdr.Body) // exchange kept it in memory
 	return c.Send(b)
 }

@@ -482,8 +482,8 @@ func (h *handler) forward(c *fiber.Ctx) error {
 		// The headers are in: a pass-through answer may take as long as it lasts (server-sent
 		// events, a download), and goes to the client as it comes.
 		streaming = true
-		copyResponseHeaders(c, resp)
-		c.Response().SetBodyStream(&forward.CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))
+		forward.CopyResponseHeaders(c, resp)
+		forward.StreamBody(c, resp, cancel)
 		return nil
 	}
 	defer resp.Body.Close()
@@ -491,29 +491,12 @@ func (h *handler) forward(c *fiber.Ctx) error {
 	if err != nil || len(answer) > MaxResponseBytes {
 		return answerLost(c)
 	}
-	copyResponseHeaders(c, resp)
+	forward.CopyResponseHeaders(c, resp)
 	c.Response().SetBodyRaw(answer)
 	if h.noEffect[resp.StatusCode] {
 		fibermw.NoEffect(c)
 	}
 	return nil
-}
-
-// copyResponseHeaders puts resp's status and headers on c, but for hop-by-hop ones and the
-// length, which the body that follows sets.
-func copyResponseHeaders(c *fiber.Ctx, resp *http.Response) {
-	c.Status(resp.StatusCode)
-	for name, vs := range resp.Header {
-		if forward.HopByHop(name) || name == "Content-Length" {
-			continue
-		}
-		for _, v := range vs {
-			c.Response().Header.Add(name, v)
-		}
-	}
-	if resp.Header.Get("Content-Type") == "" {
-		c.Response().Header.SetNoDefaultContentType(true)
-	}
 }
 
 func answerLost(c *fiber.Ctx) error {

@@ -433,6 +433,24 @@ func TestProxyStreamsPassThrough(t *testing.T) {
 		require.NoError(t, err, path)
 		require.Empty(t, hb, path)
 	}
+	// The connection stays usable after a HEAD: two requests on one connection, the HEAD
+	// first, both answered. (fasthttp tried to send the declared length of a HEAD answer's
+	// empty stream, failed and closed the connection; a client reusing it got a malformed
+	// answer, once in four runs of this test under -race.)
+	hconn, err := net.Dial("tcp", strings.TrimPrefix(p, "http://"))
+	require.NoError(t, err)
+	_, err = fmt.Fprint(hconn, "HEAD /echo HTTP/1.1\r\nHost: proxy\r\n\r\nGET /echo HTTP/1.1\r\nHost: proxy\r\n\r\n")
+	require.NoError(t, err)
+	hr := bufio.NewReader(hconn)
+	headResp, err := http.ReadResponse(hr, &http.Request{Method: "HEAD"})
+	require.NoError(t, err)
+	headResp.Body.Close()
+	getResp, err := http.ReadResponse(hr, &http.Request{Method: "GET"})
+	require.NoError(t, err, "the connection was closed after the HEAD")
+	getBody, _ := io.ReadAll(getResp.Body)
+	require.Contains(t, string(getBody), `"method":"GET"`)
+	hconn.Close()
+
 	nb, err := http.NewRequestWithContext(ctx, "GET", p+"/stream/release", nil)
 	require.NoError(t, err)
 	nresp, err := hc.Do(nb)

@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"strings"
 	"syscall"
+
+	"github.com/gofiber/fiber/v2"
 )
 
 // NotSent reports whether err, from sending a request, means the request cannot have reached
@@ -63,4 +65,40 @@ func (b *CloseCancels) Close() error {
 	err := b.ReadCloser.Close()
 	b.Cancel()
 	return err
+}
+
+// CopyResponseHeaders puts resp's status and headers on c, but for hop-by-hop ones and the
+// length, which the body that follows sets; an answer without a Content-Type gets none
+// (fasthttp would add its default).
+func CopyResponseHeaders(c *fiber.Ctx, resp *http.Response) {
+	c.Status(resp.StatusCode)
+	for name, vs := range resp.Header {
+		if HopByHop(name) || name == "Content-Length" {
+			continue
+		}
+		for _, v := range vs {
+			c.Response().Header.Add(name, v)
+		}
+	}
+	if resp.Header.Get("Content-Type") == "" {
+		c.Response().Header.SetNoDefaultContentType(true)
+	}
+}
+
+// StreamBody sends resp's body to the client as it comes, ending the upstream request's
+// context (cancel) once it has been sent. An answer that has no body (to a HEAD, or a 1xx, 204
+// or 304) is not streamed: fasthttp would try to send the declared length from an empty body,
+// fail, and close the connection under a client that may already be reusing it.
+func StreamBody(c *fiber.Ctx, resp *http.Response, cancel context.CancelFunc) {
+	if c.Method() == fiber.MethodHead || resp.StatusCode < 200 || resp.StatusCode == http.StatusNoContent ||
+		resp.StatusCode == http.StatusNotModified {
+		resp.Body.Close()
+		cancel()
+		if c.Method() == fiber.MethodHead && resp.ContentLength > 0 {
+			c.Response().Header.SetContentLength(int(resp.ContentLength))
+		}
+		c.Response().SkipBody = true
+		return
+	}
+	c.Response().SetBodyStream(&CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))
 }
