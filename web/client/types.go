@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 )
 
@@ -463,4 +464,20 @@ func nullToNil(raw json.RawMessage) json.RawMessage {
 		return nil
 	}
 	return raw
+}
+
+// ValidOperationName reports whether name is an operation name idemgate accepts: 1 to
+// MaxOperationNameChars characters of [A-Za-z0-9._:-] (docs/reference.md §4). The proxy and
+// the MCP gateway check their configured and derived names with it, so a bad one is a
+// configuration error at start, not a refusal of every request.
+func ValidOperationName(name string) bool {
+	if name == "" || len(name) > MaxOperationNameChars {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return false
+		}
+	}
+	return true
 }

@@ -648,9 +648,8 @@ func (g *gateway) toolsCall(c *fiber.Ctx, body []byte, msg message) error {
 		return g.passThrough(c, body)
 	}
 	scope := "mcp"
-	if v := c.Get(g.cfg.CallerHeader); g.cfg.CallerHeader != "" && v != "" {
-		sum := sha256.Sum256([]byte(v))
-		scope += " caller=" + hex.EncodeToString(sum[:8])
+	if g.cfg.CallerHeader != "" {
+		scope += forward.CallerScope(c.Get(g.cfg.CallerHeader))
 	}
 	// The lease outlives the longest forward by a margin: a call whose outcome could not be
 	// recorded (idemgate down at that moment) lapses to uncertain after it, and shows in the
@@ -749,18 +748,12 @@ func fingerprint(name string, args map[string]json.RawMessage, keyArg string) st
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
-// operationName is the tool's name as an idemgate operation name when it is one (1–64
-// characters of [A-Za-z0-9._:-]), else "".
+// operationName is the tool's name as an idemgate operation name when it is one, else "".
 func operationName(tool string) string {
-	if tool == "" || len(tool) > client.MaxOperationNameChars {
-		return ""
+	if client.ValidOperationName(tool) {
+		return tool
 	}
-	for _, r := range tool {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
-			return ""
-		}
-	}
-	return tool
+	return ""
 }
 
 // await waits, until waitUntil, for the holder op to end; again reports the key may be free

@@ -31,8 +31,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -133,7 +131,7 @@ func ParseOperations(specs []string) ([]Operation, error) {
 			return nil, fmt.Errorf("operation %q: want PREFIX=NAME, e.g. /v1/charges=charge.create", spec)
 		case !strings.HasPrefix(prefix+"/", "/"):
 			return nil, fmt.Errorf("operation %q: the prefix must be a path starting with /", spec)
-		case !validOperationName(name):
+		case !client.ValidOperationName(name):
 			return nil, fmt.Errorf("operation %q: the name must be 1 to %d characters of A-Z a-z 0-9 . _ : -",
 				spec, client.MaxOperationNameChars)
 		case seen[prefix]:
@@ -143,20 +141,6 @@ func ParseOperations(specs []string) ([]Operation, error) {
 		out = append(out, Operation{Prefix: prefix, Name: name})
 	}
 	return out, nil
-}
-
-// validOperationName is idemgate's rule for operation names (services.ValidateOperationName),
-// checked at start so that a bad name is a configuration error, not a 503 on every request.
-func validOperationName(name string) bool {
-	if name == "" || len(name) > client.MaxOperationNameChars {
-		return false
-	}
-	for _, r := range name {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
-			return false
-		}
-	}
-	return true
 }
 
 // operationName is the name of the longest of ops's prefixes path is under, or "".
@@ -188,7 +172,7 @@ func New(cfg Config) (*fiber.App, error) {
 		}
 	}
 	for _, o := range cfg.Operations {
-		if !validOperationName(o.Name) || !strings.HasPrefix(o.Prefix+"/", "/") {
+		if !client.ValidOperationName(o.Name) || !strings.HasPrefix(o.Prefix+"/", "/") {
 			return nil, fmt.Errorf("operation %q=%q: want a path prefix and an operation name", o.Prefix, o.Name)
 		}
 	}
@@ -279,9 +263,8 @@ func New(cfg Config) (*fiber.App, error) {
 // header is set and the request carries it ("POST /v1/charges caller=3f2a…").
 func scope(c *fiber.Ctx, header string) string {
 	s := c.Method() + " " + requestPath(c)
-	if v := c.Get(header); header != "" && v != "" { // without the header: the anonymous caller
-		sum := sha256.Sum256([]byte(v))
-		s += " caller=" + hex.EncodeToString(sum[:8])
+	if header != "" {
+		s += forward.CallerScope(c.Get(header))
 	}
 	return s
 }

@@ -1,6 +1,10 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/idemgate/idemgate/web/client"
+)
 
 // TestUnderAnyMatchesWholeSegments: --require-key /orders covers /orders and what is below it,
 // never /orders-archive (a raw string prefix refused those without a key).
@@ -47,7 +51,7 @@ func FuzzParseOperations(f *testing.F) {
 		}
 		var again []string
 		for _, o := range ops {
-			if !validOperationName(o.Name) || (o.Prefix != "" && o.Prefix[0] != '/') ||
+			if !client.ValidOperationName(o.Name) || (o.Prefix != "" && o.Prefix[0] != '/') ||
 				(len(o.Prefix) > 0 && o.Prefix[len(o.Prefix)-1] == '/') {
 				t.Fatalf("accepted %q, %q as %+v", a, b, o)
 			}

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/testkit"
 	"github.com/idemgate/idemgate/models/modeltest"
 	"github.com/idemgate/idemgate/web/client/fibermw"
 	"github.com/idemgate/idemgate/web/internal/servertest"
@@ -533,27 +534,13 @@ func TestProxyStreamsPassThrough(t *testing.T) {
 	require.Equal(t, `{"a":1}`, ok.body["body"])
 }
 
-// lockedBuffer is a log destination the test reads while the proxy writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the JSON log lines written so far.
-func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
+// logLines returns the JSON log lines written to l so far.
+func logLines(t *testing.T, l *testkit.Log) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
 		var m map[string]any
-		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
 		out = append(out, m)
 	}
 	return out
@@ -569,7 +556,7 @@ func TestProxyNamesOperationsAndLogs(t *testing.T) {
 	upstream := startUpstream(t)
 	ops, err := proxy.ParseOperations([]string{"/charges=charge.create", "/charges/refunds/=charge.refund"})
 	require.NoError(t, err)
-	logs := &lockedBuffer{}
+	logs := &testkit.Log{}
 	p := startProxy(t, srv, proxy.Config{Upstream: upstream, UpstreamTimeout: 5 * time.Second, TTL: time.Hour, Operations: ops,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	hc := servertest.OwnTransport(t)
@@ -587,7 +574,7 @@ func TestProxyNamesOperationsAndLogs(t *testing.T) {
 	require.Equal(t, "charge.refund", *nameOf("POST /charges/refunds/7|k-ref"), "the longest prefix wins")
 	require.Nil(t, nameOf("POST /charges-old|k-none"), "prefixes are whole segments")
 
-	first := logs.lines(t)
+	first := logLines(t, logs)
 	require.Len(t, first, 3)
 	require.Equal(t, "admitted", first[0]["idempotency"])
 	require.Equal(t, "/charges/a", first[0]["path"])
@@ -603,7 +590,7 @@ func TestProxyNamesOperationsAndLogs(t *testing.T) {
 	srv.Elapse(t, 2*time.Hour, "POST /charges/w|k-warn")
 	require.Equal(t, 201, send(t, hc, "POST", p+"/charges/w", "k-warn", `{}`).status)
 
-	all := logs.lines(t)
+	all := logLines(t, logs)
 	require.Len(t, all, 8)
 	require.Equal(t, "replayed", all[3]["idempotency"])
 	require.Equal(t, "fingerprint_mismatch", all[4]["idempotency"])
@@ -614,7 +601,7 @@ func TestProxyNamesOperationsAndLogs(t *testing.T) {
 	require.Equal(t, "WARN", all[7]["level"], "an admission with the warning of an earlier attempt")
 	require.Equal(t, all[6]["operation_id"], all[7]["previous_operation"])
 	require.Equal(t, "uncertain", all[7]["previous_state"])
-	require.NotContains(t, logs.buf.String(), "k-op", "keys are not logged")
+	require.NotContains(t, logs.String(), "k-op", "keys are not logged")
 }
 
 // TestParseOperations: --operation's PREFIX=NAME entries.

@@ -6,8 +6,10 @@ package forward
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -101,4 +103,15 @@ func StreamBody(c *fiber.Ctx, resp *http.Response, cancel context.CancelFunc) {
 		return
 	}
 	c.Response().SetBodyStream(&CloseCancels{ReadCloser: resp.Body, Cancel: cancel}, int(resp.ContentLength))
+}
+
+// CallerScope is the part of a key's scope that keeps two callers' equal keys apart (the
+// proxy's and the gateway's --caller-header): " caller=" and the first 16 hex digits of the
+// SHA-256 of value, the caller's header, or "" when it is empty (the anonymous caller).
+func CallerScope(value string) string {
+	if value == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(value))
+	return " caller=" + hex.EncodeToString(sum[:8])
 }
