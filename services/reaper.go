@@ -262,7 +262,6 @@ type purgeCandidate struct {
 	Mark         time.Time
 	KeyID        int64
 	FencingToken int64
-	State        string
 }
 
 // purgeSource is one walk of the purge: the operations whose column (purge_after, or ended_at
@@ -359,10 +358,11 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 		scanCtx, cancel := r.db.Bounded(ctx)
 		db := r.db.WithContext(scanCtx)
 		// An operation that still holds its key (a failed one within its TTL) is kept, and so
-		// is a succeeded one whose key a later generation holds: an attempt_id retry of the
+		// is any earlier generation of a key a later one holds: an attempt_id retry of the
 		// holder's admission may name it as previous_operation again (docs/reference.md §4,
-		// warnedGeneration), and the operator who follows that warning must find it. (An
-		// uncertain one is never a candidate: it has not ended.) The candidates come off
+		// warnedGeneration), and the operator who follows that warning must find it. Released
+		// and failed ones are kept too, for at most the holder's TTL, so the scan need not
+		// read states. The candidates come off
 		// operations_ended, oldest first, with the hold check as a probe of idem_keys_holder
 		// (idem_keys_holder; before it, a scan of every key row per batch); the successor check
 		// is a second statement over the candidates' key rows by primary key. As a second
@@ -401,7 +401,7 @@ func (r *Reaper) purgeWalk(ctx context.Context, res *ReapResult, src purgeSource
 		}
 		ids := make([]string, 0, len(cands))
 		for _, c := range cands {
-			if tok, ok := holderToken[c.KeyID]; !ok || tok <= c.FencingToken || !mayDuplicateEffect(c.State) {
+			if tok, ok := holderToken[c.KeyID]; !ok || tok <= c.FencingToken {
 				ids = append(ids, c.ID)
 			}
 		}
@@ -474,7 +474,7 @@ func purgeScan(db *gorm.DB, src purgeSource, after *purgeCandidate, limit int) *
 	if after != nil {
 		q = q.Where(src.column+" >= ? AND ("+src.column+", id) > (?, ?)", after.Mark, after.Mark, after.ID)
 	}
-	return q.Select("id", src.column+" AS mark", "key_id", "fencing_token", "state").Order(src.column + ", id").Limit(limit)
+	return q.Select("id", src.column+" AS mark", "key_id", "fencing_token").Order(src.column + ", id").Limit(limit)
 }
 
 // writeTombstones writes, in tx, the tombstone of each of the operations ids (about to be
