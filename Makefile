@@ -63,12 +63,12 @@ e2e:
 
 # Regenerate the screenshots of docs/operations.md (Dashboard): every page at 1280 px and 390 px
 # into docs/screenshots/
-# (TestPagesAccessible and TestStaleRelease save them when E2E_SCREENSHOTS is set), then commit
+# (TestPagesAccessible, TestStaleRelease and TestExplorePlayback save them when E2E_SCREENSHOTS is set), then commit
 # the PNGs.
 screenshots:
 	.ci/postgres.sh
 	bash e2e/setup.sh
-	E2E_SCREENSHOTS=docs/screenshots $(GO) test -tags e2e -count=1 -timeout 5m -run 'TestPagesAccessible|TestStaleRelease' ./e2e/
+	E2E_SCREENSHOTS=docs/screenshots $(GO) test -tags e2e -count=1 -timeout 5m -run 'TestPagesAccessible|TestStaleRelease|TestExplorePlayback' ./e2e/
 	rm -f docs/screenshots/Test*.png # the tests' own step screenshots, not the manual's
 
 # gofmt, go vet, staticcheck and an up-to-date templ generate (the first phases of test).

@@ -100,6 +100,7 @@ func TestPagesAccessible(t *testing.T) {
 		{"audit", "/audit"},
 		{"webhooks", "/webhooks"},
 		{"admin", "/admin"},
+		{"explore-start", "/explore"},
 		{"not-found", "/operations/00000000-0000-0000-0000-000000000000"},
 	}
 	widths := []struct {

@@ -250,16 +250,21 @@ func handleGetOperation(reads *services.Reads, aw *services.Awaiter) fiber.Handl
 		if err != nil {
 			return err
 		}
-		resp := operationDetailDTO{operationDTO: toOperationDTO(&d.Operation),
-			Attempts: make([]attemptDTO, 0, len(d.Attempts)), Events: make([]eventDTO, 0, len(d.Events))}
-		for i := range d.Attempts {
-			resp.Attempts = append(resp.Attempts, toAttemptDTO(&d.Attempts[i]))
-		}
-		for _, e := range d.Events {
-			resp.Events = append(resp.Events, eventDTO{Kind: e.Kind, Actor: e.Actor, Detail: e.Detail, CreatedAt: e.CreatedAt})
-		}
-		return c.JSON(resp)
+		return c.JSON(toOperationDetailDTO(d))
 	}
+}
+
+// toOperationDetailDTO is the body of GET /v1/operations/{id}.
+func toOperationDetailDTO(d *services.OperationDetail) operationDetailDTO {
+	resp := operationDetailDTO{operationDTO: toOperationDTO(&d.Operation),
+		Attempts: make([]attemptDTO, 0, len(d.Attempts)), Events: make([]eventDTO, 0, len(d.Events))}
+	for i := range d.Attempts {
+		resp.Attempts = append(resp.Attempts, toAttemptDTO(&d.Attempts[i]))
+	}
+	for _, e := range d.Events {
+		resp.Events = append(resp.Events, eventDTO{Kind: e.Kind, Actor: e.Actor, Detail: e.Detail, CreatedAt: e.CreatedAt})
+	}
+	return resp
 }
 
 // handleListOperations is GET /v1/operations: the reconciliation queue (state=uncertain),
@@ -275,14 +280,19 @@ func handleListOperations(reads *services.Reads) fiber.Handler {
 		if err != nil {
 			return err
 		}
-		resp := operationListResponse{Items: make([]queuedOperationDTO, 0, len(page.Items)), NextCursor: cursorPtr(page.NextCursor)}
-		for i := range page.Items {
-			q := &page.Items[i]
-			resp.Items = append(resp.Items, queuedOperationDTO{operationDTO: toOperationDTO(&q.Operation),
-				UncertainAt: q.UncertainAt.UTC(), Superseded: q.Superseded})
-		}
-		return c.JSON(resp)
+		return c.JSON(toOperationList(page.Items, page.NextCursor))
 	}
+}
+
+// toOperationList is the body of GET /v1/operations: items, then the next page's cursor.
+func toOperationList(items []services.QueuedOperation, next string) operationListResponse {
+	resp := operationListResponse{Items: make([]queuedOperationDTO, 0, len(items)), NextCursor: cursorPtr(next)}
+	for i := range items {
+		q := &items[i]
+		resp.Items = append(resp.Items, queuedOperationDTO{operationDTO: toOperationDTO(&q.Operation),
+			UncertainAt: q.UncertainAt.UTC(), Superseded: q.Superseded})
+	}
+	return resp
 }
 
 func handleListAttempts(reads *services.Reads) fiber.Handler {

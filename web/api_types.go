@@ -8,18 +8,20 @@ import (
 )
 
 // Request and response shapes of docs/reference.md §4. They are the wire format; services' types never
-// reach JSON directly.
+// reach JSON directly. The request types are decoded by the API and encoded only by the Explore
+// page (dashboard_explore.go), which shows a request as a client sends it: absent members left
+// out (omitempty), never null.
 
 type acquireRequest struct {
-	Key           *string         `json:"key"`
-	TTLSeconds    *int64          `json:"ttl_seconds"`
-	Operation     *string         `json:"operation"`
-	Fingerprint   *string         `json:"fingerprint"`
-	CorrelationID *string         `json:"correlation_id"`
-	AttemptID     *string         `json:"attempt_id"`
-	Metadata      json.RawMessage `json:"metadata"`
-	LeaseSeconds  *int64          `json:"lease_seconds"`
-	OnExpiry      *string         `json:"on_expiry"`
+	Key           *string         `json:"key,omitempty"`
+	TTLSeconds    *int64          `json:"ttl_seconds,omitempty"`
+	Operation     *string         `json:"operation,omitempty"`
+	Fingerprint   *string         `json:"fingerprint,omitempty"`
+	CorrelationID *string         `json:"correlation_id,omitempty"`
+	AttemptID     *string         `json:"attempt_id,omitempty"`
+	Metadata      json.RawMessage `json:"metadata,omitempty"`
+	LeaseSeconds  *int64          `json:"lease_seconds,omitempty"`
+	OnExpiry      *string         `json:"on_expiry,omitempty"`
 }
 
 // renewRequest is the body of POST /v1/operations/{id}/renew (docs/reference.md §8).
@@ -38,18 +40,18 @@ type renewResponse struct {
 }
 
 type releaseRequest struct {
-	Key        *string `json:"key"`
-	OwnerToken *string `json:"owner_token"`
-	Reason     *string `json:"reason"`
+	Key        *string `json:"key,omitempty"`
+	OwnerToken *string `json:"owner_token,omitempty"`
+	Reason     *string `json:"reason,omitempty"`
 }
 
 type outcomeRequest struct {
-	OwnerToken *string         `json:"owner_token"`
-	Status     *string         `json:"status"`
-	Receipt    *string         `json:"receipt"`
-	Response   json.RawMessage `json:"response"`
-	Note       *string         `json:"note"`
-	Release    *bool           `json:"release"`
+	OwnerToken *string         `json:"owner_token,omitempty"`
+	Status     *string         `json:"status,omitempty"`
+	Receipt    *string         `json:"receipt,omitempty"`
+	Response   json.RawMessage `json:"response,omitempty"`
+	Note       *string         `json:"note,omitempty"`
+	Release    *bool           `json:"release,omitempty"`
 }
 
 type admittedResponse struct {

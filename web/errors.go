@@ -101,8 +101,12 @@ func toDomainError(err error, bodyLimit int) (*services.Error, bool) {
 	return &services.Error{Code: services.CodeInternal, Message: "Internal error."}, true
 }
 
-func statusFor(c *fiber.Ctx, de *services.Error) int {
-	if de.Code == services.CodeNotOwner && (c.Route().Path == outcomeRoute || c.Route().Path == "/v1"+renewRoute) {
+func statusFor(c *fiber.Ctx, de *services.Error) int { return statusOnRoute(c.Route().Path, de) }
+
+// statusOnRoute is the HTTP status of de answered on route (a Fiber route pattern, such as
+// outcomeRoute): statusByCode, but for not_owner on an outcome or a renew.
+func statusOnRoute(route string, de *services.Error) int {
+	if de.Code == services.CodeNotOwner && (route == outcomeRoute || route == "/v1"+renewRoute) {
 		return http.StatusForbidden
 	}
 	if s, ok := statusByCode[de.Code]; ok {

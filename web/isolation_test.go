@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemgate/idemgate/models"
 	"github.com/idemgate/idemgate/services"
 	"github.com/stretchr/testify/require"
@@ -145,6 +146,7 @@ func TestTenantIsolationMatrix(t *testing.T) {
 			}
 		}
 		heldID, uncertainID := w.held.OperationID, w.uncertain
+		explorePlayback := uuid.NewString()
 		hookPath := adminWebhooksURL + "/" + strconv.FormatInt(hookB.Endpoint.ID, 10)
 		bAPIKey := strconv.FormatInt(f.pB.APIKeyID, 10)
 
@@ -330,6 +332,11 @@ func TestTenantIsolationMatrix(t *testing.T) {
 				post(op, csrf, url.Values{"status": {"failed"}, "note": {"reconciled by A"}}, 404)}},
 			"POST /operations/:id/release": {{"/operations/" + heldID + "/release",
 				post(op, csrf, url.Values{"operation_id": {heldID}, "fencing_token": {"1"}, "reason": {"r"}, "confirm": {"yes"}}, 404)}},
+			// Explore plays in a sandbox store of its own: nothing of any tenant to show or change.
+			"GET /explore": {{"/explore", page(op, 200)}, {"/explore?playback=" + explorePlayback + "&step=8", page(op, 200)}},
+			"POST /explore/next": {{"/explore/next", post(op, csrf, url.Values{"playback": {explorePlayback}, "step": {"3"}},
+				http.StatusSeeOther)}},
+			"POST /explore/reset": {{"/explore/reset", post(op, csrf, url.Values{}, http.StatusSeeOther)}},
 			"GET /audit": {
 				{"/audit", page(op, 200)},
 				{"/audit?tenant=" + url.QueryEscape(f.tenantB), page(op, 200)},

@@ -29,7 +29,9 @@ func newTestServer(t *testing.T, db *models.DB) *Server {
 // newLoggingTestServer is newTestServer logging to log.
 func newLoggingTestServer(t *testing.T, db *models.DB, log *slog.Logger) *Server {
 	t.Helper()
-	return New(testConfig(t, db, log))
+	s := New(testConfig(t, db, log))
+	t.Cleanup(func() { _ = s.player.Close() }) // the Explore sandbox, if a test played one
+	return s
 }
 
 // testConfig is the Config of newTestServer, for tests that change a field of it.

@@ -125,6 +125,9 @@ func (w *paramSweepWorld) routes() map[string]routeParams {
 		"GET /reconciliation/jobs/:id": {path: "/reconciliation/jobs/" + w.opID, pathParams: []string{w.opID}},
 		"POST /v1/reconciliations":     {path: "/v1/reconciliations"},
 		"POST /mcp":                    {path: "/mcp"}, // mcp.go: refused by the middleware before the API key
+		"GET /explore":                 {path: "/explore", query: q("playback", "01a24ecc-2ca8-7749-8260-d296e74e8dfb", "step", "1")},
+		"POST /explore/next":           {path: "/explore/next", form: q("playback", "01a24ecc-2ca8-7749-8260-d296e74e8dfb", "step", "0")},
+		"POST /explore/reset":          {path: "/explore/reset", form: q()},
 		"GET /audit":                   {path: "/audit", query: q("from", "2026-01-01", "to", "2026-12-31", "tenant", "x")},
 		"GET /audit.csv":               {path: "/audit.csv", query: q("from", "2026-01-01", "to", "2026-12-31", "tenant", "x")},
 		"GET /admin":                   {path: "/admin", query: q("done", "created")},

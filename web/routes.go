@@ -64,6 +64,12 @@ func (s *Server) routes(metricsGuard, metricsHandler fiber.Handler) {
 	app.Post(queueURL+"/jobs", pageHeaders, signedIn, csrfProtect, s.requireBulkActor, handleBulkReconcile(s))
 	app.Get(queueURL+"/jobs/:id", pageHeaders, signedIn, csrfProtect, handleJobPage(s))
 
+	// Explore (dashboard_explore.go): the playback of one sandbox key's life, for every role.
+	// Its steps change nothing but the playback's own sandbox store.
+	app.Get(exploreURL, pageHeaders, signedIn, csrfProtect, handleExplorePage(s))
+	app.Post(exploreURL+"/next", pageHeaders, signedIn, csrfProtect, handleExploreNext(s))
+	app.Post(exploreURL+"/reset", pageHeaders, signedIn, csrfProtect, handleExploreReset())
+
 	// An operation and its actions (dashboard_operation.go). requireActor refuses read-only
 	// accounts after the CSRF check and before the handler; the services check the role again.
 	app.Get("/operations/:id", pageHeaders, signedIn, csrfProtect, handleOperationPage(s))

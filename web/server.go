@@ -11,6 +11,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/gofiber/fiber/v2/middleware/session"
 	"github.com/idemgate/idemgate/services"
+	"github.com/idemgate/idemgate/services/playback"
 	"github.com/idemgate/idemgate/web/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -124,6 +125,9 @@ type Server struct {
 	webhooks *services.Webhooks
 	// awaiter serves waiting operation reads (Config.Awaiter).
 	awaiter *services.Awaiter
+	// player plays the Explore page's playbacks in a sandbox store of its own
+	// (dashboard_explore.go); Shutdown removes that store.
+	player *playback.Player
 }
 
 // New builds the Fiber application with every route of routes.go.
@@ -139,7 +143,8 @@ func New(cfg Config) *Server {
 		}
 	}
 	s := &Server{log: cfg.Log, auth: cfg.Auth, accounts: cfg.Accounts, db: cfg.Database, policies: cfg.Policies, secure: cfg.SecureCookies,
-		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter}
+		authFails: newAuthFailureLimiter(cfg.Log), storeTimeout: cfg.StoreTimeout, awaiter: cfg.Awaiter,
+		player: playback.New(cfg.Log)}
 	if s.storeTimeout <= 0 {
 		s.storeTimeout = DefaultStoreTimeout
 	}
@@ -221,7 +226,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.awaiter != nil {
 		s.awaiter.Close()
 	}
-	return s.app.ShutdownWithContext(ctx)
+	err := s.app.ShutdownWithContext(ctx)
+	if perr := s.player.Close(); err == nil {
+		err = perr
+	}
+	return err
 }
 
 func (s *Server) handleHealthz(c *fiber.Ctx) error {
