@@ -25,7 +25,7 @@ func TestExplorePlayback(t *testing.T) {
 	login(t, page, user, "explore-password-1")
 
 	must(t, page.GetByTestId("nav-explore").Click(), "open Explore")
-	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Step 0 of 8"), "the start")
+	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Not started: press Next step"), "the start")
 	must(t, expect.Locator(page.GetByTestId("explore-sandbox")).ToContainText("Sandbox"), "the sandbox is marked")
 	requireAccessible(t, page, src, "explore start")
 
@@ -68,7 +68,7 @@ func TestExplorePlayback(t *testing.T) {
 	docShot(t, page, "explore", "desktop")
 
 	must(t, page.GetByTestId("explore-reset").Click(), "Reset playback")
-	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Step 0 of 8"), "back at the start")
+	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Not started: press Next step"), "back at the start")
 	must(t, page.GetByTestId("explore-next").Click(), "Next step after the reset")
 	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Step 1 of 8"), "step 1 again")
 	if k, err := page.GetByTestId("explore-key").TextContent(); err != nil || k == key {

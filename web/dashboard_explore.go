@@ -40,7 +40,7 @@ var exploreScript = [playback.Steps]struct{ title, why string }{
 	{"A late release with attempt 1's owner token",
 		"Attempt 1 wakes up and tries to release the key with its old owner token; the owner check refuses it, because the key's current generation is attempt 2's, and nothing changes."},
 	{"An operator reconciles attempt 1",
-		"An operator checks the processor, finds no charge for attempt 1 and records failed with a note saying how they know; nothing is uncertain any more."},
+		"An operator (role admin or operator) checks the processor, finds no charge for attempt 1 and records failed with a note saying how they know; nothing is uncertain any more."},
 }
 
 // parseExploreState reads the playback id and step of the Explore page's URL and forms: id a
@@ -203,8 +203,11 @@ func exploreExchange(ex *playback.Exchange) views.ExploreExchange {
 	status := http.StatusOK
 	switch ex.Call {
 	case playback.CallClock:
-		v.Note = "No request: the sandbox's clock moves forward " + strconv.Itoa(int(ex.Elapsed.Minutes())) +
-			" min, past the hold's TTL, and its reaper makes a pass, as it does every few seconds in a deployment."
+		mins := strconv.Itoa(int(ex.Elapsed / time.Minute))
+		v.Note = "No request. Instead of making you wait " + mins + " min, the sandbox moves this key's deadlines " + mins +
+			" min earlier (so from now on attempt 1's expires_at and lease_expires_at read " + mins +
+			" min before the TTL it was granted; the times of what happened keep their values), then its reaper makes a pass, " +
+			"as a deployment's does every 30 s by default (IDEMGATE_REAP_INTERVAL)."
 		if ex.Err != nil {
 			v.Note += " It failed: " + ex.Err.Error()
 		}
@@ -241,8 +244,10 @@ func exploreExchange(ex *playback.Exchange) views.ExploreExchange {
 		// The dashboard's form, as the operation page posts it; the answer is its redirect.
 		in := ex.Reconcile
 		v.Method, v.Path = "POST", operationURL(ex.OperationID)+"/outcome"
-		form := url.Values{"status": {in.Status}, "note": {in.Note}}
-		v.Request = "\nCookie: <your dashboard session>\nContent-Type: application/x-www-form-urlencoded\n\n" + form.Encode()
+		// The fields in the operation page's order; the session is an operator's, since a
+		// read-only account's POST is refused (403).
+		form := "_csrf=<the page's token>&status=" + url.QueryEscape(in.Status) + "&receipt=&note=" + url.QueryEscape(in.Note)
+		v.Request = "\nCookie: <an operator's dashboard session>\nContent-Type: application/x-www-form-urlencoded\n\n" + form
 		if ex.Err == nil {
 			v.Status, v.StatusText = "303", http.StatusText(http.StatusSeeOther)
 			v.Answer = "\nLocation: " + operationURL(ex.OperationID) + "?done=outcome"
@@ -265,7 +270,7 @@ func exploreExchange(ex *playback.Exchange) views.ExploreExchange {
 		v.Refused = status < http.StatusInternalServerError
 	}
 	v.Status, v.StatusText = strconv.Itoa(status), http.StatusText(status)
-	v.Answer = "\nContent-Type: " + ctype + "\nX-Request-ID: " + ex.RequestID + "\n\n" + pretty(body)
+	v.Answer = "\nContent-Type: " + ctype + "\nX-Request-Id: " + ex.RequestID + "\n\n" + pretty(body)
 	return v
 }
 

@@ -87,7 +87,7 @@ func TestExplorePlaysTheKeysLife(t *testing.T) {
 		cur, _ := start.testid("nav-explore").Attr("aria-current")
 		require.Equal(t, "page", cur)
 		require.Contains(t, start.testid("explore-sandbox").Text(), playback.SandboxTenant)
-		require.Equal(t, "Step 0 of 8", strings.TrimSpace(start.testid("explore-progress").Text()))
+		require.Equal(t, "Not started: press Next step", strings.TrimSpace(start.testid("explore-progress").Text()))
 		require.Equal(t, playback.Steps, start.testid("explore-upcoming").Find("li").Length())
 		id, ok := start.doc.Find(`form[action="/explore/next"] input[name="playback"]`).Attr("value")
 		require.True(t, ok)
@@ -108,7 +108,7 @@ func TestExplorePlaysTheKeysLife(t *testing.T) {
 			require.Zero(t, page.testid("explore-restarted").Length(), "a playback walked in one process never restarts")
 			if key == "" {
 				key = strings.TrimSpace(page.testid("explore-key").Text())
-				require.True(t, strings.HasPrefix(key, "explore-"), key)
+				require.True(t, strings.HasPrefix(key, "charge:order-"), key)
 			}
 			require.Equal(t, key, strings.TrimSpace(page.testid("explore-key").Text()), "one key for the whole playback")
 			shown[n] = shownExchanges(t, page, n)
@@ -147,7 +147,11 @@ func TestExplorePlaysTheKeysLife(t *testing.T) {
 		require.Equal(t, []int{409}, statuses(7))
 		require.Equal(t, services.CodeNotOwner, jsonMembers(t, shown[7][0].respBody)["code"])
 		require.Equal(t, []int{303, 200, 200}, statuses(8))
-		require.Equal(t, services.StateFailed, jsonMembers(t, shown[8][1].respBody)["state"])
+		reconciled := jsonMembers(t, shown[8][1].respBody)
+		require.Equal(t, services.StateFailed, reconciled["state"])
+		require.Equal(t, playback.SandboxOperator, reconciled["outcome"].(map[string]any)["recorded_by"],
+			"an auditor watches an operator act; nothing is recorded in a read-only account's name")
+		require.Contains(t, shown[8][0].reqHeader.Get("Cookie"), "operator")
 		require.Equal(t, []any{}, jsonMembers(t, shown[8][2].respBody)["items"], "the queue is empty again")
 
 		// The timeline after the last step: generation 1 reconciled failed, 2 succeeded.

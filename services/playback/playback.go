@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +59,10 @@ const (
 	bodyOther     = `{"amount":5000,"currency":"EUR","customer":"cus_7"}`
 	receipt       = "ch_3PqL8s2eZvKYlo2C"
 )
+
+// SandboxOperator is the operator step 8's reconciliation is recorded under when the viewer's
+// own role is read-only (auditor).
+const SandboxOperator = "sandbox-operator"
 
 // ErrClosed is returned once the Player is closed (the server is shutting down).
 var ErrClosed = errors.New("playback: closed")
@@ -184,9 +189,9 @@ func (p *Player) Close() error { return p.sandbox.close() }
 // and Playback.Steps may hold more than upTo steps (the page shows upTo of them). A playback
 // this process does not know (a new id, a restart, another instance) is played from step 1
 // on a new key. viewer is the signed-in operator: one account's playbacks are never
-// another's, and step 8's reconciliation is recorded under its username (in the sandbox, as
-// an operator of the sandbox tenant, whatever its role outside). Errors: ErrClosed; the
-// sandbox's store failing to open or answer; ctx's.
+// another's, and step 8's reconciliation is recorded under its username when its role may
+// act (admin, operator), else under SandboxOperator, as an auditor could not record it.
+// Errors: ErrClosed; the sandbox's store failing to open or answer; ctx's.
 func (p *Player) Play(ctx context.Context, viewer *services.OperatorAccount, id string, upTo int) (*Playback, error) {
 	upTo = min(max(upTo, 0), Steps)
 	sb, err := p.sandbox.get(ctx)
@@ -208,7 +213,12 @@ func (p *Player) Play(ctx context.Context, viewer *services.OperatorAccount, id 
 			r.restart()
 			continue
 		}
-		st, err := r.play(ctx, sb, viewer.Username, n)
+		// A read-only viewer watches an operator act; the outcome is not recorded in its name.
+		actor := viewer.Username
+		if !services.MayAct(viewer) {
+			actor = SandboxOperator
+		}
+		st, err := r.play(ctx, sb, actor, n)
 		if err != nil {
 			return nil, err
 		}
@@ -250,7 +260,9 @@ func (p *Player) run(owner int64, id string) (_ *run, known bool) {
 
 // restart forgets the steps played and takes a new key.
 func (r *run) restart() {
-	r.pb.Key = "explore-" + uuid.NewString()
+	// Named like a real key, after the business operation and its object (README); 48 random
+	// bits keep each playback's key its own in the sandbox.
+	r.pb.Key = "charge:order-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 	r.pb.Steps = nil
 	r.pb.Restarted = true
 	r.ops = [2]struct{ id, ownerToken string }{}
