@@ -14,7 +14,7 @@ import (
 // TestExplorePlayback walks the Explore page's playback as an auditor on a phone (390 px):
 // Explore is in the navigation, "Next step" plays the eight steps with the statuses
 // docs/reference.md gives, the page never scrolls sideways and axe finds no violation at the
-// start and at the end, and "Reset playback" starts again on a new key. With E2E_SCREENSHOTS
+// start and at the end, and "Reset playback" starts again in a new tenant. With E2E_SCREENSHOTS
 // set (make screenshots) it saves the finished playback for the README.
 func TestExplorePlayback(t *testing.T) {
 	src := axeSource(t)
@@ -32,7 +32,7 @@ func TestExplorePlayback(t *testing.T) {
 	// The answers' statuses, step by step, as the reference gives them.
 	want := map[int][]string{1: {"201"}, 2: {"200"}, 3: {"422"}, 4: {"200"}, 5: {"201"}, 6: {"200", "200"}, 7: {"409"},
 		8: {"303", "200", "200"}}
-	var key string
+	var tenant string
 	for n := 1; n <= 8; n++ {
 		must(t, page.GetByTestId("explore-next").Click(), fmt.Sprintf("Next step %d", n))
 		must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Step "+strconv.Itoa(n)+" of 8"), "step shown")
@@ -49,12 +49,12 @@ func TestExplorePlayback(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(want[n], ",") {
 			t.Fatalf("step %d answered %v, want %v", n, got, want[n])
 		}
-		k, err := page.GetByTestId("explore-key").TextContent()
-		must(t, err, "key")
-		if key == "" {
-			key = k
-		} else if k != key {
-			t.Fatalf("step %d shows key %q, the playback's is %q", n, k, key)
+		k, err := page.GetByTestId("explore-tenant").TextContent()
+		must(t, err, "tenant")
+		if tenant == "" {
+			tenant = k
+		} else if k != tenant {
+			t.Fatalf("step %d shows tenant %q, the playback's is %q", n, k, tenant)
 		}
 	}
 	must(t, expect.Locator(page.GetByTestId("explore-step-5").GetByTestId("explore-answer")).ToContainText("previous_operation"),
@@ -71,8 +71,8 @@ func TestExplorePlayback(t *testing.T) {
 	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Not started: press Next step"), "back at the start")
 	must(t, page.GetByTestId("explore-next").Click(), "Next step after the reset")
 	must(t, expect.Locator(page.GetByTestId("explore-progress")).ToHaveText("Step 1 of 8"), "step 1 again")
-	if k, err := page.GetByTestId("explore-key").TextContent(); err != nil || k == key {
-		t.Fatalf("after the reset the key is %q (%v), the old one was %q", k, err, key)
+	if k, err := page.GetByTestId("explore-tenant").TextContent(); err != nil || k == tenant {
+		t.Fatalf("after the reset the tenant is %q (%v), the old one was %q", k, err, tenant)
 	}
 }
 

@@ -2,6 +2,7 @@ package web
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -98,7 +99,7 @@ func handleExplorePage(s *Server) fiber.Handler {
 		)
 		if id == "" {
 			id, n = uuid.NewString(), 0
-		} else if pb, err = s.player.Play(c.UserContext(), acct, id, n); err != nil {
+		} else if pb, err = s.play(c, acct, id, n); err != nil {
 			return s.playbackFailed(c, err)
 		}
 		nav, err := s.navFor(c, acct, "explore")
@@ -120,7 +121,7 @@ func handleExploreNext(s *Server) fiber.Handler {
 			return s.renderErrorPage(c, fiber.StatusBadRequest, fieldProblems(de, nil))
 		}
 		n = min(n+1, playback.Steps)
-		if _, err := s.player.Play(c.UserContext(), acct, id, n); err != nil {
+		if _, err := s.play(c, acct, id, n); err != nil {
 			return s.playbackFailed(c, err)
 		}
 		return c.Redirect(exploreLocation(id, n), fiber.StatusSeeOther)
@@ -135,6 +136,19 @@ func handleExploreReset() fiber.Handler {
 	}
 }
 
+// play plays the request's playback up to step n within three quarters of the time left
+// to the request (Config.StoreTimeout), so a sandbox that takes all of its own time still
+// leaves the error page the time to render its navigation.
+func (s *Server) play(c *fiber.Ctx, acct *services.OperatorAccount, id string, n int) (*playback.Playback, error) {
+	ctx := c.UserContext()
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)*3/4))
+		defer cancel()
+	}
+	return s.player.Play(ctx, acct, id, n)
+}
+
 // playbackFailed answers a playback whose sandbox store failed: 503, the cause logged.
 func (s *Server) playbackFailed(c *fiber.Ctx, err error) error {
 	if errors.Is(err, playback.ErrClosed) {
@@ -147,11 +161,11 @@ func (s *Server) playbackFailed(c *fiber.Ctx, err error) error {
 // exploreProps is the page of playback pb (nil before its first step) shown up to step n.
 func exploreProps(nav views.Nav, id string, n int, pb *playback.Playback) views.ExploreProps {
 	p := views.ExploreProps{Nav: nav, CSRFToken: nav.CSRFToken, PlaybackID: id, Step: n, Steps: playback.Steps,
-		Tenant: playback.SandboxTenant, TTL: strconv.Itoa(int(playback.TTL/time.Minute)) + " min"}
-	if pb != nil {
-		p.Key, p.Restarted = pb.Key, pb.Restarted
+		TTL: strconv.Itoa(int(playback.TTL/time.Minute)) + " min"}
+	if pb != nil && n > 0 {
+		p.Key, p.Tenant, p.Restarted = pb.Key, pb.Tenant, pb.Restarted
 		for _, st := range pb.Steps[:min(n, len(pb.Steps))] {
-			p.Played = append(p.Played, exploreStep(st))
+			p.Played = append(p.Played, exploreStep(st, pb.Tenant))
 		}
 	}
 	for i := n; i < playback.Steps; i++ {
@@ -160,11 +174,11 @@ func exploreProps(nav views.Nav, id string, n int, pb *playback.Playback) views.
 	return p
 }
 
-func exploreStep(st playback.Step) views.ExploreStep {
+func exploreStep(st playback.Step, tenant string) views.ExploreStep {
 	v := views.ExploreStep{N: st.N, Title: exploreScript[st.N-1].title, Why: exploreScript[st.N-1].why}
 	var statuses []string
 	for i := range st.Exchanges {
-		ex := exploreExchange(&st.Exchanges[i])
+		ex := exploreExchange(&st.Exchanges[i], tenant)
 		ex.Label = "step " + strconv.Itoa(st.N) + ", call " + strconv.Itoa(i+1)
 		if ex.Status != "" {
 			statuses = append(statuses, ex.Status)
@@ -192,8 +206,8 @@ func exploreStep(st playback.Step) views.ExploreStep {
 
 // exploreExchange renders one call with the JSON API's own request and response types and
 // status rules (api.go, errors.go), so the page shows the wire format exactly.
-func exploreExchange(ex *playback.Exchange) views.ExploreExchange {
-	const auth = "\nAuthorization: Bearer <API key of tenant " + playback.SandboxTenant + ">"
+func exploreExchange(ex *playback.Exchange, tenant string) views.ExploreExchange {
+	auth := "\nAuthorization: Bearer <API key of tenant " + tenant + ">"
 	const jsonBody = "\nContent-Type: application/json\n\n"
 	var (
 		v     views.ExploreExchange
@@ -224,7 +238,7 @@ func exploreExchange(ex *playback.Exchange) views.ExploreExchange {
 	case playback.CallListUncertain:
 		v.Method, v.Path, route = "GET", "/v1/operations?state=uncertain", "/v1/operations"
 		v.Request = auth
-		ok = toOperationList(ex.Queue, "")
+		ok = toOperationList(ex.Queue, ex.QueueNext)
 	case playback.CallOutcome:
 		in := ex.Outcome
 		v.Method, v.Path, route = "POST", "/v1/operations/"+ex.OperationID+"/outcome", outcomeRoute

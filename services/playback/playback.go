@@ -4,9 +4,10 @@
 // outcome, a late owner-checked release, and the operator's reconciliation.
 //
 // Every step is a real call of the services the JSON API and the dashboard use, against a
-// store of its own (an SQLite file in a temporary directory, opened at first use), never the
-// deployment's database: nothing played here reaches another tenant's counts, webhooks, audit
-// or metrics. The TTL step moves that store's clock (models.DB.Elapse) instead of making the
+// store of its own (an SQLite file in a temporary directory, opened at first use, replaced
+// when full or failed), never the deployment's database: nothing played here reaches another
+// tenant's counts, webhooks, audit or metrics. Each playback has a tenant of its own in that
+// store. The TTL step moves the key's deadlines (models.DB.Elapse) instead of making the
 // operator wait.
 //
 // The package records what each call was given and what it answered, as services values; the
@@ -21,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -47,9 +47,18 @@ const freshFor = TTL - time.Minute
 // TTL gets the stored outcome; the late release meets the current holder).
 var holdOf = map[int]int{2: 1, 3: 1, 6: 5, 7: 5}
 
-// maxRuns bounds the playbacks one process keeps; the least recently shown is forgotten
-// first (its key stays in the sandbox until the sandbox's reaper purges it).
-const maxRuns = 256
+// maxRuns bounds the playbacks one process keeps, and maxRunsPerAccount those of one
+// account; the least recently shown is forgotten first (what it played stays in the sandbox
+// until the sandbox is replaced).
+const (
+	maxRuns           = 1024
+	maxRunsPerAccount = 8
+)
+
+// playbackKey is every playback's idempotency key, named after the business operation and
+// its object as the README advises; each playback has a tenant of its own, so the name is
+// its own there.
+const playbackKey = "charge:order-5521"
 
 // The operation name and the two parameter sets of the playback's charge. The fingerprint is
 // the SHA-256 of the parameters, as a client would compute it.
@@ -106,6 +115,7 @@ type Exchange struct {
 	Operation   *services.Operation        // CallOutcome, CallRelease, CallReconcile
 	Detail      *services.OperationDetail  // CallGetOperation
 	Queue       []services.QueuedOperation // CallListUncertain
+	QueueNext   string                     // CallListUncertain: the next page's cursor ("" for none)
 	Reaped      services.ReapResult        // CallClock
 	// Err is the services' refusal (a *services.Error, rendered as problem+json) or failure.
 	Err error
@@ -121,6 +131,21 @@ func (e *Exchange) Code() string {
 		return de.Code
 	}
 	return ""
+}
+
+// refusal reports whether err is an answer a step shows (a 4xx of the API: the fingerprint
+// mismatch, the owner check), as opposed to a failure of the sandbox's store, which no step
+// expects and none records.
+func refusal(err error) bool {
+	var de *services.Error
+	if !errors.As(err, &de) {
+		return false
+	}
+	switch de.Code {
+	case services.CodeStoreUnavailable, services.CodeInternal, services.CodeTooManyWaiters:
+		return false
+	}
+	return true
 }
 
 // Step is one step of a playback as it was played.
@@ -140,7 +165,8 @@ type Playback struct {
 	ID string
 	// Key is the playback's idempotency key in the sandbox, its own for each playback.
 	Key string
-	// Tenant is SandboxTenant.
+	// Tenant is the playback's own tenant in the sandbox (TenantPrefix and 12 hex digits; ""
+	// before step 1).
 	Tenant string
 	// Steps are the steps played so far, in order.
 	Steps []Step
@@ -169,7 +195,11 @@ type run struct {
 	mu       sync.Mutex
 	pb       Playback
 	lastSeen time.Time
-	ops      [2]struct{ id, ownerToken string } // the two generations' operation ids and owner tokens
+	// sb and principal are the sandbox and the tenant the steps were played in (nil before
+	// step 1).
+	sb        *sandbox
+	principal services.Principal
+	ops       [2]struct{ id, ownerToken string } // the two generations' operation ids and owner tokens
 }
 
 // New returns a Player whose sandbox is opened at first use. log receives the sandbox's
@@ -191,13 +221,18 @@ func (p *Player) Close() error { return p.sandbox.close() }
 // on a new key. viewer is the signed-in operator: one account's playbacks are never
 // another's, and step 8's reconciliation is recorded under its username when its role may
 // act (admin, operator), else under SandboxOperator, as an auditor could not record it.
-// Errors: ErrClosed; the sandbox's store failing to open or answer; ctx's.
+//
+// A step whose call fails (the sandbox's store, not a refusal the step shows) is not
+// recorded: the error is returned, the sandbox is replaced by a fresh one, and the next call
+// plays the playback again from step 1 on the new one. Errors: ErrClosed; the sandbox's
+// store failing to open or answer; ctx's.
 func (p *Player) Play(ctx context.Context, viewer *services.OperatorAccount, id string, upTo int) (*Playback, error) {
 	upTo = min(max(upTo, 0), Steps)
 	sb, err := p.sandbox.get(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer func() { p.sandbox.release(sb) }()
 	r, known := p.run(viewer.ID, id)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -207,20 +242,38 @@ func (p *Player) Play(ctx context.Context, viewer *services.OperatorAccount, id 
 	if !known && upTo > 1 {
 		r.pb.Restarted = true
 	}
+	// A read-only viewer watches an operator act; the outcome is not recorded in its name.
+	actor := viewer.Username
+	if !services.MayAct(viewer) {
+		actor = SandboxOperator
+	}
 	for len(r.pb.Steps) < upTo {
 		n := len(r.pb.Steps) + 1
+		if r.sb != nil && r.sb != sb { // played in a sandbox since replaced
+			r.restart()
+			continue
+		}
 		if h, ok := holdOf[n]; ok && p.now().Sub(r.pb.Steps[h-1].PlayedAt) > freshFor {
 			r.restart()
 			continue
 		}
-		// A read-only viewer watches an operator act; the outcome is not recorded in its name.
-		actor := viewer.Username
-		if !services.MayAct(viewer) {
-			actor = SandboxOperator
+		if n == 1 {
+			if sb.tenants.Load() >= maxTenantsPerSandbox {
+				p.sandbox.retire(sb, "full")
+				p.sandbox.release(sb)
+				if sb, err = p.sandbox.get(ctx); err != nil {
+					sb = nil
+					return nil, err
+				}
+			}
+			if r.principal, err = sb.newTenant(ctx); err != nil {
+				return nil, p.failed(ctx, r, sb, err)
+			}
+			r.sb, r.pb.Tenant = sb, r.principal.TenantName
 		}
-		st, err := r.play(ctx, sb, actor, n)
+		st, err := r.play(ctx, actor, n)
 		if err != nil {
-			return nil, err
+			return nil, p.failed(ctx, r, sb, err)
 		}
 		st.PlayedAt = p.now().UTC()
 		r.pb.Steps = append(r.pb.Steps, *st)
@@ -230,8 +283,20 @@ func (p *Player) Play(ctx context.Context, viewer *services.OperatorAccount, id 
 	return &out, nil
 }
 
-// run finds or creates playback id of owner, forgetting the least recently shown one beyond
-// maxRuns. known is false for a new run.
+// failed handles a step whose call failed: the playback starts again, and the sandbox is
+// replaced unless the caller merely gave up (ctx), since a store that fails once (locked,
+// full, its file deleted) may keep failing. It returns err.
+func (p *Player) failed(ctx context.Context, r *run, sb *sandbox, err error) error {
+	r.restart()
+	if ctx.Err() == nil {
+		p.sandbox.retire(sb, err.Error())
+	}
+	return err
+}
+
+// run finds or creates playback id of owner. A new one beyond maxRunsPerAccount forgets the
+// account's least recently shown playback, and beyond maxRuns anyone's, so one account
+// cannot push the others' playbacks out. known is false for a new run.
 func (p *Player) run(owner int64, id string) (_ *run, known bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -241,30 +306,42 @@ func (p *Player) run(owner int64, id string) (_ *run, known bool) {
 		r.lastSeen = now
 		return r, true
 	}
-	if len(p.runs) >= maxRuns {
-		var oldest runRef
-		var at time.Time
-		for k, r := range p.runs {
-			if at.IsZero() || r.lastSeen.Before(at) {
-				oldest, at = k, r.lastSeen
-			}
-		}
-		delete(p.runs, oldest)
-	}
-	r := &run{lastSeen: now, pb: Playback{ID: id, Tenant: SandboxTenant}}
+	p.forgetOldest(func(k runRef) bool { return k.owner == owner }, maxRunsPerAccount)
+	p.forgetOldest(func(runRef) bool { return true }, maxRuns)
+	r := &run{lastSeen: now, pb: Playback{ID: id}}
 	r.restart()
 	r.pb.Restarted = false
 	p.runs[ref] = r
 	return r, false
 }
 
-// restart forgets the steps played and takes a new key.
+// forgetOldest forgets the least recently shown run among those of, if they are limit or
+// more. p.mu is held.
+func (p *Player) forgetOldest(of func(runRef) bool, limit int) {
+	n := 0
+	var oldest runRef
+	var at time.Time
+	for k, r := range p.runs {
+		if !of(k) {
+			continue
+		}
+		n++
+		if at.IsZero() || r.lastSeen.Before(at) {
+			oldest, at = k, r.lastSeen
+		}
+	}
+	if n >= limit {
+		delete(p.runs, oldest)
+	}
+}
+
+// restart forgets the steps played; the next step 1 makes a new tenant, with the same key.
 func (r *run) restart() {
-	// Named like a real key, after the business operation and its object (README); 48 random
-	// bits keep each playback's key its own in the sandbox.
-	r.pb.Key = "charge:order-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	r.pb.Key = playbackKey
+	r.pb.Tenant = ""
 	r.pb.Steps = nil
 	r.pb.Restarted = true
+	r.sb, r.principal = nil, services.Principal{}
 	r.ops = [2]struct{ id, ownerToken string }{}
 }
 
@@ -283,8 +360,9 @@ func (r *run) acquire(body string) services.AcquireInput {
 
 // play plays step n. A refusal the step expects is recorded in its Exchange; only a failure
 // of the sandbox itself (its store) is returned.
-func (r *run) play(ctx context.Context, sb *sandbox, username string, n int) (*Step, error) {
-	adm, p := sb.svc.Admission, sb.principal
+func (r *run) play(ctx context.Context, username string, n int) (*Step, error) {
+	sb, p := r.sb, r.principal
+	adm := sb.svc.Admission
 	st := &Step{N: n}
 	add := func(ex Exchange) *Exchange {
 		ex.RequestID = uuid.NewString()
@@ -303,7 +381,7 @@ func (r *run) play(ctx context.Context, sb *sandbox, username string, n int) (*S
 		page, err := sb.svc.Reads.ListOperations(ctx, p.TenantID, services.OperationFilter{State: services.StateUncertain})
 		ex := Exchange{Call: CallListUncertain, Err: err}
 		if page != nil {
-			ex.Queue = page.Items
+			ex.Queue, ex.QueueNext = page.Items, page.NextCursor
 		}
 		add(ex)
 	}
@@ -352,8 +430,8 @@ func (r *run) play(ctx context.Context, sb *sandbox, username string, n int) (*S
 		listUncertain()
 	}
 	for _, ex := range st.Exchanges {
-		if ex.Err != nil && ex.Code() == "" {
-			return nil, ex.Err // the sandbox failed; the step is played again next time
+		if ex.Err != nil && !refusal(ex.Err) {
+			return nil, ex.Err // the sandbox failed; the step is not recorded
 		}
 	}
 	for _, o := range r.ops {
