@@ -128,8 +128,9 @@ func handleExploreNext(s *Server) fiber.Handler {
 	}
 }
 
-// handleExploreReset is POST /explore/reset: a new playback, on a new key, from the start.
-// The old one's key stays in the sandbox until its reaper purges it.
+// handleExploreReset is POST /explore/reset: a new playback, in a new tenant, from the start
+// (the page makes a new playback id). What the old one played stays in the sandbox until the
+// sandbox is replaced (playback.Player).
 func handleExploreReset() fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		return c.Redirect(exploreURL, fiber.StatusSeeOther)
