@@ -150,8 +150,16 @@ func (s *Server) play(c *fiber.Ctx, acct *services.OperatorAccount, id string, n
 	return s.player.Play(ctx, acct, id, n)
 }
 
-// playbackFailed answers a playback whose sandbox store failed: 503, the cause logged.
+// playbackFailed answers a playback whose sandbox store failed: 503, the cause logged. The
+// error page reads the account's tenant for its navigation; when the sandbox used up the
+// request's time (SQLite's lock wait does not watch the context), that read gets a second of
+// its own, so the answer is still the site's page and not a bare message.
 func (s *Server) playbackFailed(c *fiber.Ctx, err error) error {
+	if c.UserContext().Err() != nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), time.Second)
+		defer cancel()
+		c.SetUserContext(ctx)
+	}
 	if errors.Is(err, playback.ErrClosed) {
 		return s.renderErrorPage(c, fiber.StatusServiceUnavailable, "The server is shutting down; try again in a moment.")
 	}

@@ -331,3 +331,26 @@ func FuzzParseExploreState(f *testing.F) {
 		}
 	})
 }
+
+// TestExploreSandboxFailureIsAPage: when the sandbox cannot play (here the server is shutting
+// down and its Player closed), Explore answers 503 with the site's HTML page and navigation,
+// and the rest of the dashboard is unaffected.
+func TestExploreSandboxFailureIsAPage(t *testing.T) {
+	db := dbs.SQLite
+	s := newTestServer(t, db)
+	b := newDashBrowser(t, s)
+	tenantID := dashTenantID(t, s)
+	b.mustLogin(dashOperator(t, db, services.RoleOperator, &tenantID))
+	require.NoError(t, s.player.Close())
+	p := b.get("/explore?playback=" + uuid.NewString() + "&step=1")
+	require.Equal(t, http.StatusServiceUnavailable, p.status, p.body)
+	require.Equal(t, "text/html; charset=utf-8", p.header.Get("Content-Type"))
+	require.Equal(t, 1, p.testid("nav-explore").Length(), "the site's navigation")
+	require.Equal(t, http.StatusOK, b.get("/keys").status)
+}
+
+func dashTenantID(t *testing.T, s *Server) int64 {
+	t.Helper()
+	_, p := dashTenant(t, s)
+	return p.TenantID
+}

@@ -284,11 +284,12 @@ func (p *Player) Play(ctx context.Context, viewer *services.OperatorAccount, id 
 }
 
 // failed handles a step whose call failed: the playback starts again, and the sandbox is
-// replaced unless the caller merely gave up (ctx), since a store that fails once (locked,
-// full, its file deleted) may keep failing. It returns err.
+// replaced unless the caller merely went away (ctx canceled), since a store that fails once
+// (locked, full, its file deleted) may keep failing. A deadline that passed is the store
+// failing to answer in time, not the caller giving up. It returns err.
 func (p *Player) failed(ctx context.Context, r *run, sb *sandbox, err error) error {
 	r.restart()
-	if ctx.Err() == nil {
+	if !errors.Is(ctx.Err(), context.Canceled) {
 		p.sandbox.retire(sb, err.Error())
 	}
 	return err
@@ -364,20 +365,35 @@ func (r *run) play(ctx context.Context, username string, n int) (*Step, error) {
 	sb, p := r.sb, r.principal
 	adm := sb.svc.Admission
 	st := &Step{N: n}
+	// failure is the first call that failed in the store; the step's later calls are not
+	// made, so a locked store costs one store timeout, not one per call.
+	var failure error
 	add := func(ex Exchange) *Exchange {
 		ex.RequestID = uuid.NewString()
+		if ex.Err != nil && !refusal(ex.Err) && failure == nil {
+			failure = ex.Err
+		}
 		st.Exchanges = append(st.Exchanges, ex)
 		return &st.Exchanges[len(st.Exchanges)-1]
 	}
 	acquire := func(in services.AcquireInput) *Exchange {
+		if failure != nil {
+			return &Exchange{}
+		}
 		acq, err := adm.Acquire(ctx, p, in)
 		return add(Exchange{Call: CallAcquire, Acquire: &in, Acquisition: acq, Err: err})
 	}
 	getOp := func(id string) {
+		if failure != nil {
+			return
+		}
 		d, err := sb.svc.Reads.GetOperation(ctx, p.TenantID, id)
 		add(Exchange{Call: CallGetOperation, OperationID: id, Detail: d, Err: err})
 	}
 	listUncertain := func() {
+		if failure != nil {
+			return
+		}
 		page, err := sb.svc.Reads.ListOperations(ctx, p.TenantID, services.OperationFilter{State: services.StateUncertain})
 		ex := Exchange{Call: CallListUncertain, Err: err}
 		if page != nil {
@@ -396,12 +412,11 @@ func (r *run) play(ctx context.Context, username string, n int) (*Step, error) {
 	case 3: // the same key with other parameters: fingerprint mismatch
 		acquire(r.acquire(bodyOther))
 	case 4: // the TTL passes with no outcome: uncertain, in the reconciliation queue
-		ex := add(Exchange{Call: CallClock, Elapsed: TTL})
-		if _, err := sb.db.Elapse(ctx, p.TenantID, TTL, r.pb.Key); err != nil {
-			ex.Err = err
-		} else {
+		ex := Exchange{Call: CallClock, Elapsed: TTL}
+		if _, ex.Err = sb.db.Elapse(ctx, p.TenantID, TTL, r.pb.Key); ex.Err == nil {
 			ex.Reaped, ex.Err = sb.svc.Reaper.RunOnce(ctx)
 		}
+		add(ex)
 		listUncertain()
 	case 5: // a retry after expiry: admitted again, fencing token 2, with previous_operation
 		ex := acquire(r.acquire(bodyCharge))
@@ -429,10 +444,8 @@ func (r *run) play(ctx context.Context, username string, n int) (*Step, error) {
 		getOp(r.ops[0].id)
 		listUncertain()
 	}
-	for _, ex := range st.Exchanges {
-		if ex.Err != nil && !refusal(ex.Err) {
-			return nil, ex.Err // the sandbox failed; the step is not recorded
-		}
+	if failure != nil {
+		return nil, failure // the sandbox failed; the step is not recorded
 	}
 	for _, o := range r.ops {
 		if o.id == "" {
