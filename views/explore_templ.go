@@ -190,7 +190,7 @@ func ExplorePage(p ExploreProps) templ.Component {
 				return templ_7745c5c3_Err
 			}
 			if p.Step == 0 {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "<section class=\"card explore-intro\" aria-labelledby=\"explore-intro\"><h2 id=\"explore-intro\">What you will see</h2><p>A payment service calls idemgate before it charges a card. Each step below is a real call of the same services the JSON API uses; the page shows the request and the answer exactly as the API would give them.</p><p>Watch for two things: acquiring a key is not proof that the charge happened, and a TTL that runs out admits the next attempt again without undoing anything. The attempts ask for a TTL of ")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "<section class=\"card explore-intro\" aria-labelledby=\"explore-intro\"><h2 id=\"explore-intro\">What you will see</h2><p>A payment service calls idemgate before it charges a card. Each step below is a real call of the same services the JSON API uses; the page shows the request and the answer in the API's own wire format.</p><p>Watch for two things: acquiring a key is not proof that the charge happened, and a TTL that runs out admits the next attempt again without undoing anything. The attempts ask for a TTL of ")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
@@ -203,7 +203,7 @@ func ExplorePage(p ExploreProps) templ.Component {
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "; when it has to pass, the sandbox's clock moves instead of making you wait.</p></section>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "; when it has to pass, the sandbox moves the key's deadlines instead of making you wait.</p></section>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
@@ -213,7 +213,7 @@ func ExplorePage(p ExploreProps) templ.Component {
 				return templ_7745c5c3_Err
 			}
 			if p.Restarted {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "<p class=\"explore-notice\" role=\"status\" data-testid=\"explore-restarted\">This playback was restarted on a new key, so earlier steps now show the new run: it was begun on another server instance or before a restart, or a hold it needed would have run out in real time.</p>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "<p class=\"explore-notice\" role=\"status\" data-testid=\"explore-restarted\">This playback was restarted in a new tenant, so earlier steps now show the new run: it was begun on another server instance or before a restart, or a hold it needed would have run out in real time.</p>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
