@@ -134,9 +134,9 @@ type Config struct {
 // http(s) URL, a nil Client, a TTL that is not whole seconds or not longer than
 // UpstreamTimeout.
 func New(cfg Config) (*fiber.App, error) {
-	u, err := url.Parse(cfg.Upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream %q: want an absolute http:// or https:// URL", cfg.Upstream)
+	u, err := forward.ParseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Client == nil {
 		return nil, errors.New("mcp-gateway: no idemgate client")

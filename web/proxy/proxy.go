@@ -159,9 +159,9 @@ func operationName(path string, ops []Operation) string {
 // NoEffect5xx outside 500–599, a negative duration, a TTL or Lease that is not whole seconds,
 // a TTL not longer than UpstreamTimeout.
 func New(cfg Config) (*fiber.App, error) {
-	u, err := url.Parse(cfg.Upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream %q: want an absolute http:// or https:// URL", cfg.Upstream)
+	u, err := forward.ParseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Client == nil {
 		return nil, errors.New("proxy: no idemgate client")

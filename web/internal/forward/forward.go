@@ -11,9 +11,11 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 
@@ -114,4 +116,14 @@ func CallerScope(value string) string {
 	}
 	sum := sha256.Sum256([]byte(value))
 	return " caller=" + hex.EncodeToString(sum[:8])
+}
+
+// ParseUpstream reads a forwarder's --upstream: an absolute http:// or https:// URL with a
+// host. Errors say which of those it is not.
+func ParseUpstream(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream %q: want an absolute http:// or https:// URL", raw)
+	}
+	return u, nil
 }

@@ -41,3 +41,24 @@ func TestNotSent(t *testing.T) {
 		t.Errorf("a connection cut after the request was read: NotSent(%v) = true", err)
 	}
 }
+
+// FuzzParseUpstream: whatever --upstream holds, ParseUpstream refuses it or returns an http or
+// https URL with a host, never a relative or schemeless one that would send requests nowhere.
+func FuzzParseUpstream(f *testing.F) {
+	for _, s := range []string{"http://127.0.0.1:9000", "https://api.example/v1", "127.0.0.1:9000", "/relative",
+		"ftp://x", "http://", "http:///path", "HTTP://Example", "http://[::1]:80/", "http://a b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		u, err := ParseUpstream(raw)
+		if err != nil {
+			if u != nil || !strings.Contains(err.Error(), "upstream") {
+				t.Fatalf("%q: %v, %v", raw, u, err)
+			}
+			return
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			t.Fatalf("%q accepted as %#v", raw, u)
+		}
+	})
+}
